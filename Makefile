@@ -1,0 +1,38 @@
+# Every target installs what it needs into .venv first.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU wheel lies on this machine's disk; set TORCH_SPEC for a CUDA build elsewhere.
+TORCH_SPEC ?= torch==2.13.0
+STAMP := $(VENV)/.installed
+
+export HF_HUB_OFFLINE ?= 1
+export HF_DATASETS_OFFLINE ?= 1
+export TRANSFORMERS_OFFLINE ?= 1
+
+.PHONY: install run test bench lint clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[dev]"
+	touch $(STAMP)
+
+run: install
+	$(BIN)/python -m dpbench $(ARGS)
+
+test: install
+	WANDB_MODE=disabled $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+
+bench: install
+	$(BIN)/pip install -q -e ".[bench]"
+	WANDB_MODE=disabled $(BIN)/python -m benchmarks.vanilla_cnn $(ARGS)
+
+lint: install
+	$(BIN)/ruff check dpbench tests benchmarks
+
+clean:
+	rm -rf $(VENV) outputs multirun

@@ -1,0 +1,81 @@
+"""Hydra entry point: `python -m dpbench [+experiment=NAME] [key=value ...]` and `-m` sweeps."""
+
+from __future__ import annotations
+
+import multiprocessing
+import sys
+import traceback
+from pathlib import Path
+
+import hydra
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig, OmegaConf
+
+from dpbench.config import register_schemas
+from dpbench.errors import ConfigurationError
+
+
+def config_dir() -> str:
+    """conf/ at the top of a checkout, or dpbench/conf inside an installed wheel."""
+    package = Path(__file__).resolve().parent
+    for candidate in (package / "conf", package.parent / "conf"):
+        if (candidate / "config.yaml").exists():
+            return str(candidate)
+    raise FileNotFoundError("dpbench's conf/ directory was not found beside the package")
+
+
+def _child(container: dict, run_dir: str, errors: multiprocessing.Queue) -> None:
+    from dpbench.run import run_experiment
+
+    try:
+        run_experiment(OmegaConf.create(container), Path(run_dir))
+    except ConfigurationError as error:
+        errors.put(("config", str(error)))
+        sys.exit(2)
+    except BaseException:
+        errors.put(("crash", traceback.format_exc()))
+        sys.exit(1)
+
+
+def _run_in_fresh_process(cfg: DictConfig, run_dir: Path) -> float | None:
+    """Peak memory of a job is only its own in a new process (multirun jobs share one otherwise)."""
+    from dpbench.results import read_results
+
+    context = multiprocessing.get_context("spawn")
+    errors = context.Queue()
+    process = context.Process(target=_child, args=(OmegaConf.to_container(cfg, resolve=True), str(run_dir), errors))
+    process.start()
+    process.join()
+    if process.exitcode != 0:
+        kind, message = errors.get(timeout=5) if not errors.empty() else ("crash", f"exit code {process.exitcode}")
+        if kind == "config":
+            raise ConfigurationError(message)
+        raise RuntimeError(f"the run in {run_dir} failed:\n{message}")
+    results = read_results(run_dir)
+    return results.get(f"test_{results['test_metric']}")
+
+
+def _objective(cfg: DictConfig) -> float | None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    mode = cfg.profiler.fresh_process
+    if mode not in ("always", "multirun", "never"):
+        raise ConfigurationError(f"profiler.fresh_process must be always, multirun or never, got {mode!r}")
+    if mode == "always" or (mode == "multirun" and HydraConfig.get().mode == RunMode.MULTIRUN):
+        return _run_in_fresh_process(cfg, run_dir)
+    from dpbench.run import run_experiment
+
+    results = run_experiment(cfg, run_dir)
+    return results.get(f"test_{results['test_metric']}")
+
+
+register_schemas()
+
+
+@hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    try:
+        return _objective(cfg)
+    except ConfigurationError as error:
+        print(f"dpbench: error: {error}", file=sys.stderr)
+        sys.exit(2)

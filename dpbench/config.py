@@ -1,0 +1,87 @@
+"""Dataclass schemas of the top-level config: a mistyped key is an error, never a silently ignored default."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf.errors import ConfigKeyError, ValidationError
+
+from dpbench.errors import ConfigurationError
+from dpbench.optim import OptimizerConfig
+
+
+@dataclass
+class PrivacyConfig:
+    epsilon: float | None = 3.0
+    """Target epsilon; the noise multiplier is calibrated to it when noise_multiplier is null."""
+    delta: float = 1e-5
+    noise_multiplier: float | None = None
+    clip_norm: float = 1.0
+    sampling: str = "poisson"
+    """poisson (what the accountant assumes) | shuffle (fixed batches; recorded in results)."""
+    accountant_eps_error: float = 0.01
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: str = "auto"
+    devices: Any = 1
+    precision: str = "32-true"
+    enable_progress_bar: bool = True
+    log_every_n_steps: int = 10
+    check_val_every_n_epoch: int | None = 1
+    num_threads: int | None = None
+    checkpoint: bool = True
+
+
+@dataclass
+class LoggerConfig:
+    csv: bool = True
+    wandb: bool = True
+    project: str = "dpbench"
+    entity: str | None = None
+    group: str | None = None
+    tags: list[str] = field(default_factory=list)
+
+
+@dataclass
+class ProfilerConfig:
+    warmup_steps: int = 5
+    fresh_process: str = "multirun"
+    """always | multirun | never: run the job in a fresh process so its peak memory is its own."""
+
+
+@dataclass
+class Config:
+    model: Any = MISSING
+    data: Any = MISSING
+    privatizer: Any = MISSING
+    optimizer: OptimizerConfig = field(default_factory=OptimizerConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    logger: LoggerConfig = field(default_factory=LoggerConfig)
+    profiler: ProfilerConfig = field(default_factory=ProfilerConfig)
+    privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
+    experiment_name: str = "default"
+    seed: int = 0
+    batch_size: int = 256
+    """Expected logical batch size: the Poisson sampling rate is batch_size / N."""
+    eval_batch_size: int = 1000
+    epochs: int = 30
+    max_steps: int | None = None
+    resume: bool = False
+
+
+def register_schemas() -> None:
+    ConfigStore.instance().store(name="dpbench_schema", node=Config)
+
+
+def validated(schema: type, config: DictConfig | dict, group: str) -> Any:
+    """Merge a config node into its dataclass schema so that a mistyped key is an error, not a default."""
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(schema), config)
+    except (ConfigKeyError, ValidationError) as error:
+        raise ConfigurationError(f"invalid `{group}` config: {error}") from None
+    return OmegaConf.to_object(merged)

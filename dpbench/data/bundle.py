@@ -1,0 +1,56 @@
+"""In-memory tensors of a data set split, fetched a whole batch at a time."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+from torch.utils.data import Dataset
+
+from dpbench.errors import MissingDataError
+
+
+class TensorSplit(Dataset):
+    """Features (a tensor or dict of tensors) and integer targets; __getitems__ indexes a batch in one go."""
+
+    def __init__(self, features: Tensor | dict[str, Tensor], targets: Tensor):
+        self.features = features
+        self.targets = targets
+
+    def __len__(self) -> int:
+        return int(self.targets.shape[0])
+
+    def _take(self, index: Tensor):
+        if isinstance(self.features, dict):
+            return {key: value[index] for key, value in self.features.items()}, self.targets[index]
+        return self.features[index], self.targets[index]
+
+    def __getitem__(self, index: int):
+        return self._take(torch.tensor([index]))
+
+    def __getitems__(self, indices: list[int]):
+        return self._take(torch.as_tensor(indices, dtype=torch.long))
+
+
+def identity_collate(batch):
+    """__getitems__ already returns the batch."""
+    return batch
+
+
+@dataclass
+class DataBundle:
+    name: str
+    train: TensorSplit
+    test: TensorSplit
+    num_classes: int
+    input_shape: tuple[int, ...] | None = None
+    """(C, H, W) for images; None for token data."""
+    vocab_size: int | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if len(self.train) == 0:
+            raise MissingDataError(f"data set {self.name!r} has an empty training split")
+        if len(self.test) == 0:
+            raise MissingDataError(f"data set {self.name!r} has an empty test split")

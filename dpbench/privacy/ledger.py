@@ -1,0 +1,42 @@
+"""Record of the mechanisms a run has actually composed, step by step (merged into runs of repeats)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from dpbench.privacy.accountant import EpsilonReport, PrivacyAccountant
+from dpbench.privacy.mechanisms import Composition, Mechanism, mechanism_from_dict
+
+
+class PrivacyLedger:
+    """Append-only list of (mechanism, consecutive steps); saved in checkpoints so resumed runs account exactly."""
+
+    def __init__(self, delta: float, accountant: PrivacyAccountant | None = None):
+        self.delta = delta
+        self.accountant = accountant or PrivacyAccountant()
+        self.entries: list[tuple[Mechanism, int]] = []
+
+    @property
+    def steps(self) -> int:
+        return sum(count for _, count in self.entries)
+
+    def record(self, mechanisms: list[Mechanism]) -> None:
+        """One logical step; a step may compose several mechanisms (e.g. selection and noise)."""
+        for mechanism in mechanisms:
+            if self.entries and self.entries[-1][0] == mechanism:
+                self.entries[-1] = (mechanism, self.entries[-1][1] + 1)
+            else:
+                self.entries.append((mechanism, 1))
+
+    def composition(self) -> Composition:
+        return list(self.entries)
+
+    def epsilon(self) -> EpsilonReport:
+        return self.accountant.epsilon(self.composition(), self.delta)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"delta": self.delta, "entries": [(m.to_dict(), n) for m, n in self.entries]}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.delta = state["delta"]
+        self.entries = [(mechanism_from_dict(m), n) for m, n in state["entries"]]

@@ -1,0 +1,75 @@
+"""Per-step mechanisms that strategies report to the accountant.
+
+A mechanism is a small frozen description (hashable, so a ledger can merge repeats and a checkpoint can store it)
+that knows how to build its privacy random variable for prv-accountant.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism, PrivacyRandomVariable
+
+Composition = list[tuple["Mechanism", int]]
+"""A run's privacy cost: each mechanism with the number of steps it is applied."""
+
+
+class Mechanism(ABC):
+    """One step's privacy mechanism."""
+
+    kind: str
+
+    @abstractmethod
+    def prv(self) -> PrivacyRandomVariable:
+        """The privacy random variable of one application."""
+
+    @property
+    def is_trivial(self) -> bool:
+        """True when the step reveals nothing (q = 0)."""
+        return False
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kind": self.kind, **asdict(self)}  # type: ignore[call-overload]
+
+
+@dataclass(frozen=True)
+class SubsampledGaussian(Mechanism):
+    """Gaussian noise sigma*C on a sum of contributions clipped to C, with Poisson sampling at rate q."""
+
+    sampling_rate: float
+    noise_multiplier: float
+    kind = "subsampled_gaussian"
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.sampling_rate <= 1.0:
+            raise ValueError(f"sampling rate must lie in [0, 1], got {self.sampling_rate}")
+        if not self.noise_multiplier > 0.0:
+            raise ValueError(f"a private step needs a positive noise multiplier, got {self.noise_multiplier}")
+
+    def prv(self) -> PrivacyRandomVariable:
+        return PoissonSubsampledGaussianMechanism(
+            sampling_probability=self.sampling_rate, noise_multiplier=self.noise_multiplier
+        )
+
+    @property
+    def is_trivial(self) -> bool:
+        return self.sampling_rate == 0.0
+
+
+MECHANISM_KINDS: dict[str, type[Mechanism]] = {SubsampledGaussian.kind: SubsampledGaussian}
+
+
+def register_mechanism(cls: type[Mechanism]) -> type[Mechanism]:
+    """Make a mechanism class restorable from checkpoints and ledgers."""
+    MECHANISM_KINDS[cls.kind] = cls
+    return cls
+
+
+def mechanism_from_dict(data: dict[str, Any]) -> Mechanism:
+    fields = dict(data)
+    kind = fields.pop("kind")
+    if kind not in MECHANISM_KINDS:
+        raise ValueError(f"unknown mechanism kind {kind!r}; known: {sorted(MECHANISM_KINDS)}")
+    return MECHANISM_KINDS[kind](**fields)

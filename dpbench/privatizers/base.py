@@ -1,0 +1,101 @@
+"""The PrivatizerStrategy interface: the unit of change in dpbench.
+
+A strategy decides how one logical step's privatized gradient is formed (it always starts from the per-sample
+loss vector), which optimizer it needs, who applies the update, and which mechanisms one step composes for the
+accountant. The Lightning module only calls these methods; it never knows which strategy it runs.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+from torch import Tensor, nn
+from torch.optim import Optimizer
+
+from dpbench.optim import build_optimizer
+from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussian
+from dpbench.privatizers.noise import GaussianNoise
+from dpbench.privatizers.per_sample import trainable_parameters
+from dpbench.tasks import Batch, ClassificationTask
+
+
+@dataclass
+class PrivacySettings:
+    """What the privacy plan hands a strategy: noise_multiplier is the calibrated (base) sigma."""
+
+    clip_norm: float
+    sampling_rate: float
+    noise_multiplier: float | None
+    seed: int
+
+
+@dataclass
+class StepContext:
+    step: int
+    """Logical step index, 0-based, counted across epochs and resumes."""
+    expected_batch_size: float
+    """q * N: the divisor of the noisy sum (never the realised Poisson batch size)."""
+
+
+@dataclass
+class StepOutput:
+    loss: float
+    stats: dict[str, float]
+
+
+class PrivatizerStrategy(ABC):
+    name: ClassVar[str]
+    is_private: ClassVar[bool] = True
+
+    def __init__(self, config: Any, privacy: PrivacySettings):
+        self.config = config
+        self.privacy = privacy
+        self.noise = GaussianNoise(seed=privacy.seed)
+
+    # -- privacy ---------------------------------------------------------------------------------------------
+    @property
+    def noise_multiplier(self) -> float:
+        if self.privacy.noise_multiplier is None:
+            raise RuntimeError("the noise multiplier has not been calibrated")
+        return self.privacy.noise_multiplier
+
+    def step_mechanisms(self, step: int) -> list[Mechanism]:
+        """Mechanisms composed by logical step `step` (default: one subsampled Gaussian)."""
+        return [SubsampledGaussian(self.privacy.sampling_rate, self.noise_multiplier)]
+
+    def composition(self, noise_multiplier: float, steps: int) -> Composition:
+        """A whole run's composition for base sigma `noise_multiplier`: what calibration searches over."""
+        return [(SubsampledGaussian(self.privacy.sampling_rate, noise_multiplier), steps)]
+
+    # -- training --------------------------------------------------------------------------------------------
+    def attach(self, model: nn.Module) -> None:
+        """Validate the model and set up whatever the strategy needs on it (hooks, engines)."""
+
+    def configure_optimizer(self, model: nn.Module, optimizer_config: Any) -> Optimizer:
+        return build_optimizer(trainable_parameters(model).values(), optimizer_config)
+
+    @abstractmethod
+    def privatize(self, model: nn.Module, task: ClassificationTask, batch: Batch, ctx: StepContext) -> StepOutput:
+        """Write the privatized gradient of one logical step into each trainable parameter's .grad."""
+
+    def apply_update(self, optimizer: Optimizer) -> None:
+        optimizer.step()
+
+    # -- shared pieces ---------------------------------------------------------------------------------------
+    def write_noisy_mean(self, model: nn.Module, clipped_sums: dict[str, Tensor], ctx: StepContext) -> None:
+        """grad = (sum of clipped contributions + N(0, (sigma C)^2)) / expected batch size, for every parameter."""
+        std = self.noise_multiplier * self.privacy.clip_norm
+        for name, param in trainable_parameters(model).items():
+            self.noise.to(param.device)
+            total = clipped_sums.get(name)
+            total = torch.zeros_like(param) if total is None else total.to(param.dtype)
+            param.grad = (total + self.noise.sample_like(param, std)).div_(ctx.expected_batch_size)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"noise": self.noise.state_dict()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.noise.load_state_dict(state["noise"])

@@ -1,0 +1,36 @@
+"""What every per-sample gradient engine returns, and the model checks they share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from torch import Tensor, nn
+
+from dpbench.errors import UnsupportedModelError
+
+SAMPLE_MIXING_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
+
+
+@dataclass
+class ClippedSum:
+    """Sum of clipped per-sample gradients, by parameter name, plus what the step logs."""
+
+    grads: dict[str, Tensor]
+    norms: Tensor
+    losses: Tensor
+
+
+def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
+    """Named trainable parameters, each shared parameter once."""
+    return {name: p for name, p in model.named_parameters() if p.requires_grad}
+
+
+def refuse_sample_mixing_layers(model: nn.Module) -> None:
+    """Per-sample gradients are meaningless when a layer mixes samples of the batch."""
+    for name, module in model.named_modules():
+        if isinstance(module, SAMPLE_MIXING_LAYERS) and (module.training or module.track_running_stats):
+            raise UnsupportedModelError(
+                f"layer {name or type(model).__name__} ({type(module).__name__}) mixes samples of a batch, so "
+                "per-sample gradients and the privacy guarantee do not hold: replace it with GroupNorm or "
+                "LayerNorm (e.g. nn.GroupNorm(min(32, C), C)) or remove it"
+            )

@@ -1,0 +1,105 @@
+"""Turn one recorded layer call (module, input, output gradient) into per-parameter per-sample sites."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dpbench.errors import UnsupportedModelError
+from dpbench.privatizers.per_sample.sites import DenseSite, EmbeddingSite, OuterProductSite, Site
+
+SiteMap = dict[nn.Parameter, Site]
+
+
+def _prefer_ghost(positions: int, fan_in: int, fan_out: int) -> bool:
+    """Ghost norm costs ~T^2 per sample, the dense per-sample gradient in*out (Bu et al.'s mixed rule)."""
+    return 2 * positions * positions < fan_in * fan_out
+
+
+def _affine_sites(module: nn.Module, weight_grad: Tensor | None, bias_grad: Tensor) -> SiteMap:
+    sites: SiteMap = {}
+    if module.weight is not None and module.weight.requires_grad and weight_grad is not None:
+        sites[module.weight] = DenseSite(weight_grad)
+    if module.bias is not None and module.bias.requires_grad:
+        sites[module.bias] = DenseSite(bias_grad)
+    return sites
+
+
+def _matrix_sites(module: nn.Module, a: Tensor, g: Tensor, dense: bool) -> SiteMap:
+    """Sites of a weight applied as a matrix at T positions: a (B,T,in), g (B,T,out)."""
+    sites: SiteMap = {}
+    if module.weight.requires_grad:
+        site = OuterProductSite(a, g, module.weight.shape)
+        ghost = not dense and _prefer_ghost(a.shape[1], a.shape[2], g.shape[2])
+        sites[module.weight] = site if ghost else DenseSite(site.materialize())
+    if module.bias is not None and module.bias.requires_grad:
+        sites[module.bias] = DenseSite(g.sum(1))
+    return sites
+
+
+def linear_sites(module: nn.Linear, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
+    batch = x.shape[0]
+    return _matrix_sites(module, x.reshape(batch, -1, x.shape[-1]), g.reshape(batch, -1, g.shape[-1]), dense)
+
+
+def conv_sites(module: nn.Conv1d | nn.Conv2d, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
+    if module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str):
+        raise UnsupportedModelError(
+            f"{module}: the hook engine handles ungrouped convolutions with numeric zero padding; "
+            "use privatizer.engine=functorch for this model"
+        )
+    if isinstance(module, nn.Conv1d):
+        x, kernel = x.unsqueeze(2), (1, module.kernel_size[0])
+        stride, padding, dilation = (1, module.stride[0]), (0, module.padding[0]), (1, module.dilation[0])
+    else:
+        kernel, stride, padding, dilation = module.kernel_size, module.stride, module.padding, module.dilation
+    patches = F.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride)  # (B, in*k, L)
+    batch = x.shape[0]
+    g = g.reshape(batch, g.shape[1], -1)  # (B, out, L)
+    return _matrix_sites(module, patches.transpose(1, 2), g.transpose(1, 2), dense)
+
+
+def embedding_sites(module: nn.Embedding, ids: Tensor, g: Tensor, dense: bool) -> SiteMap:
+    if module.scale_grad_by_freq or module.sparse or module.max_norm is not None:
+        raise UnsupportedModelError(f"{module}: scale_grad_by_freq, sparse and max_norm embeddings are unsupported")
+    if not module.weight.requires_grad:
+        return {}
+    batch = ids.shape[0]
+    ids = ids.reshape(batch, -1)
+    g = g.reshape(batch, ids.shape[1], -1)
+    if module.padding_idx is not None:  # PyTorch gives the padding row no gradient
+        g = g * (ids != module.padding_idx).unsqueeze(-1)
+    site = EmbeddingSite(ids, g, module.num_embeddings)
+    return {module.weight: DenseSite(site.materialize()) if dense else site}
+
+
+def layer_norm_sites(module: nn.LayerNorm, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
+    normalized = F.layer_norm(x, module.normalized_shape, eps=module.eps)
+    reduce = tuple(range(1, x.dim() - len(module.normalized_shape)))
+    weight_grad = (g * normalized).sum(reduce) if reduce else g * normalized
+    return _affine_sites(module, weight_grad, g.sum(reduce) if reduce else g)
+
+
+def group_norm_sites(module: nn.GroupNorm, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
+    normalized = F.group_norm(x, module.num_groups, eps=module.eps)
+    reduce = tuple(range(2, x.dim()))
+    return _affine_sites(module, (g * normalized).sum(reduce), g.sum(reduce))
+
+
+LAYER_HANDLERS: dict[type[nn.Module], Callable[[nn.Module, Tensor, Tensor, bool], SiteMap]] = {
+    nn.Linear: linear_sites,
+    nn.Conv1d: conv_sites,
+    nn.Conv2d: conv_sites,
+    nn.Embedding: embedding_sites,
+    nn.LayerNorm: layer_norm_sites,
+    nn.GroupNorm: group_norm_sites,
+}
+
+
+def handler_for(module: nn.Module) -> Callable[[nn.Module, Tensor, Tensor, bool], SiteMap] | None:
+    for cls in type(module).__mro__:
+        if cls in LAYER_HANDLERS:
+            return LAYER_HANDLERS[cls]
+    return None

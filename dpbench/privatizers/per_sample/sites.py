@@ -1,0 +1,113 @@
+"""Per-sample gradients of one layer call, from its input activations A and output gradients G.
+
+Each site gives, per parameter, the per-sample squared norms and the sum of per-sample gradients weighted by the
+clipping factors. "Ghost" sites never build the B x out x in per-sample gradient (Li et al. 2021, Bu et al. 2022):
+the norm comes from the Gram matrices of A and G and the weighted sum from one matmul. Dense sites hold the
+per-sample gradient, which is cheaper when the sequence (or spatial) length T is large next to the layer.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+
+import torch
+from torch import Tensor
+
+
+def _zero_rows(tensor: Tensor, bad: Tensor) -> Tensor:
+    return torch.where(bad.view(-1, *([1] * (tensor.dim() - 1))), torch.zeros((), dtype=tensor.dtype), tensor)
+
+
+class Site(ABC):
+    """Per-sample gradient of one parameter at one call site."""
+
+    @abstractmethod
+    def norm_sq(self) -> Tensor:
+        """(B,) squared norms of the per-sample gradients."""
+
+    @abstractmethod
+    def weighted_sum(self, factors: Tensor) -> Tensor:
+        """sum_i factors_i * g_i, shaped like the parameter."""
+
+    @abstractmethod
+    def materialize(self) -> Tensor:
+        """(B, *param.shape) per-sample gradients."""
+
+    @abstractmethod
+    def zero_samples(self, bad: Tensor) -> None:
+        """Make the samples flagged in `bad` contribute nothing (non-finite gradients)."""
+
+
+class DenseSite(Site):
+    def __init__(self, per_sample: Tensor):
+        self.per_sample = per_sample
+
+    def norm_sq(self) -> Tensor:
+        return self.per_sample.flatten(1).pow(2).sum(1)
+
+    def weighted_sum(self, factors: Tensor) -> Tensor:
+        return torch.tensordot(factors.to(self.per_sample.dtype), self.per_sample, dims=1)
+
+    def materialize(self) -> Tensor:
+        return self.per_sample
+
+    def zero_samples(self, bad: Tensor) -> None:
+        self.per_sample = _zero_rows(self.per_sample, bad)
+
+
+class OuterProductSite(Site):
+    """Weight of a linear map applied at T positions: g_i = sum_t G_it A_it^T, A (B,T,in), G (B,T,out)."""
+
+    def __init__(self, activations: Tensor, output_grads: Tensor, shape: torch.Size):
+        self.activations = activations
+        self.output_grads = output_grads
+        self.shape = shape
+
+    def norm_sq(self) -> Tensor:
+        a, g = self.activations, self.output_grads
+        if a.shape[1] == 1:
+            return a.pow(2).sum((1, 2)) * g.pow(2).sum((1, 2))
+        return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+
+    def weighted_sum(self, factors: Tensor) -> Tensor:
+        a, g = self.activations, self.output_grads
+        scaled = g * factors.to(g.dtype).view(-1, 1, 1)
+        return (scaled.reshape(-1, g.shape[-1]).T @ a.reshape(-1, a.shape[-1])).view(self.shape)
+
+    def materialize(self) -> Tensor:
+        per_sample = torch.bmm(self.output_grads.transpose(1, 2), self.activations)
+        return per_sample.view(-1, *self.shape)
+
+    def zero_samples(self, bad: Tensor) -> None:
+        self.activations = _zero_rows(self.activations, bad)
+        self.output_grads = _zero_rows(self.output_grads, bad)
+
+
+class EmbeddingSite(Site):
+    """Embedding rows: g_i[v] = sum_{t: ids_it = v} G_it. Norm from matching-token Gram, sum by index_add."""
+
+    def __init__(self, ids: Tensor, output_grads: Tensor, num_embeddings: int):
+        self.ids = ids  # (B, T)
+        self.output_grads = output_grads  # (B, T, d)
+        self.num_embeddings = num_embeddings
+
+    def norm_sq(self) -> Tensor:
+        g = self.output_grads
+        if self.ids.shape[1] == 1:
+            return g.pow(2).sum((1, 2))
+        same_token = self.ids.unsqueeze(2) == self.ids.unsqueeze(1)
+        return (torch.bmm(g, g.transpose(1, 2)) * same_token).sum((1, 2))
+
+    def weighted_sum(self, factors: Tensor) -> Tensor:
+        g = self.output_grads * factors.to(self.output_grads.dtype).view(-1, 1, 1)
+        out = torch.zeros(self.num_embeddings, g.shape[-1], dtype=g.dtype, device=g.device)
+        return out.index_add_(0, self.ids.reshape(-1), g.reshape(-1, g.shape[-1]))
+
+    def materialize(self) -> Tensor:
+        batch, _, dim = self.output_grads.shape
+        out = torch.zeros(batch, self.num_embeddings, dim, dtype=self.output_grads.dtype, device=self.ids.device)
+        index = self.ids.unsqueeze(-1).expand(-1, -1, dim)
+        return out.scatter_add_(1, index, self.output_grads)
+
+    def zero_samples(self, bad: Tensor) -> None:
+        self.output_grads = _zero_rows(self.output_grads, bad)

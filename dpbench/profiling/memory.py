@@ -1,0 +1,71 @@
+"""Peak memory of a training phase: CUDA max_memory_reserved, or on CPU the resident high-water mark.
+
+On CPU the kernel's VmHWM is reset (write 5 to /proc/self/clear_refs) when the phase starts and read when it ends;
+the figure is the peak minus the resident size at the start. Memory the allocator kept from earlier work in the
+same process hides new allocations, which is why dpbench runs measured multirun jobs in fresh processes.
+"""
+
+from __future__ import annotations
+
+import resource
+from pathlib import Path
+
+import torch
+
+STATUS = Path("/proc/self/status")
+CLEAR_REFS = Path("/proc/self/clear_refs")
+
+
+def _status_kib(field: str) -> int | None:
+    try:
+        for line in STATUS.read_text().splitlines():
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def resident_mb() -> float:
+    kib = _status_kib("VmRSS")
+    return (kib or 0) / 1024.0
+
+
+def _reset_high_water_mark() -> bool:
+    try:
+        CLEAR_REFS.write_text("5")
+        return True
+    except OSError:
+        return False
+
+
+class PeakMemory:
+    """Start before the measured phase, stop after it; `peak_mb` is the phase's peak above its baseline."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.baseline_mb = 0.0
+        self.peak_mb: float | None = None
+        self.max_memory_reserved_mb: float | None = None
+        self.method = ""
+
+    def start(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            torch.cuda.reset_peak_memory_stats(self.device)
+            self.baseline_mb = torch.cuda.memory_reserved(self.device) / 2**20
+            self.method = "cuda.max_memory_reserved"
+            return
+        self.baseline_mb = resident_mb()
+        self.method = "VmHWM above VmRSS at start" if _reset_high_water_mark() else "ru_maxrss above VmRSS at start"
+
+    def stop(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+            self.max_memory_reserved_mb = torch.cuda.max_memory_reserved(self.device) / 2**20
+            self.peak_mb = self.max_memory_reserved_mb
+            return
+        hwm_kib = _status_kib("VmHWM")
+        if hwm_kib is None or self.method.startswith("ru_maxrss"):
+            hwm_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+        self.peak_mb = max(0.0, hwm_kib / 1024.0 - self.baseline_mb)

@@ -1,0 +1,187 @@
+"""One run: data, privatizer, privacy plan, model, Lightning fit and test, results.json."""
+
+from __future__ import annotations
+
+import logging
+import os
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from omegaconf import DictConfig, OmegaConf
+
+from dpbench.config import Config, validated
+from dpbench.data import load_data
+from dpbench.errors import ConfigurationError
+from dpbench.models import build_model
+from dpbench.privacy.accountant import PrivacyAccountant
+from dpbench.privacy.ledger import PrivacyLedger
+from dpbench.privacy.plan import make_plan
+from dpbench.privatizers import PrivacySettings, make_strategy
+from dpbench.profiling import ProfilerCallback
+from dpbench.results import RESULTS_FILE, summary_text, write_json_atomic
+from dpbench.tasks import ClassificationTask
+from dpbench.training.callbacks import EpsilonLogger
+from dpbench.training.checkpoint_io import AtomicCheckpointIO
+from dpbench.training.datamodule import DPDataModule
+from dpbench.training.module import DPModule
+
+log = logging.getLogger(__name__)
+CHECKPOINT_DIR = "checkpoints"
+
+
+def _loggers(cfg: DictConfig, run_dir: Path, tags: list[str]) -> list[Logger]:
+    loggers: list[Logger] = []
+    if cfg.logger.csv:
+        loggers.append(CSVLogger(save_dir=str(run_dir), name="csv", version=""))
+    mode = os.environ.get("WANDB_MODE", "offline")
+    if cfg.logger.wandb and mode != "disabled":
+        loggers.append(
+            WandbLogger(
+                project=cfg.logger.project,
+                entity=cfg.logger.entity,
+                group=cfg.logger.group or cfg.experiment_name,
+                tags=tags + list(cfg.logger.tags),
+                save_dir=str(run_dir),
+                mode=mode,
+                name=f"{tags[0]}-{tags[1]}-{tags[2]}-s{cfg.seed}",
+                config=OmegaConf.to_container(cfg, resolve=True),
+            )
+        )
+    return loggers
+
+
+def _resume_checkpoint(cfg: DictConfig, run_dir: Path) -> str | None:
+    last = run_dir / CHECKPOINT_DIR / "last.ckpt"
+    if not cfg.resume:
+        return None
+    if not last.exists():
+        log.warning("resume=true but %s does not exist: starting from scratch", last)
+        return None
+    return str(last)
+
+
+def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Train, test and write results.json in run_dir; returns the results."""
+    typed: Config = validated(Config, cfg, "top-level")
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    if typed.trainer.num_threads:
+        torch.set_num_threads(typed.trainer.num_threads)
+    if typed.batch_size <= 0 or typed.eval_batch_size <= 0:
+        raise ConfigurationError(f"batch_size must be positive, got {typed.batch_size}")
+    L.seed_everything(typed.seed, workers=True, verbose=False)
+
+    data = load_data(cfg.data)
+    if typed.batch_size > len(data.train):
+        raise ConfigurationError(f"batch_size {typed.batch_size} exceeds the training set size {len(data.train)}")
+    datamodule = DPDataModule(data, typed.batch_size, typed.privacy.sampling, typed.seed, typed.eval_batch_size)
+    steps = typed.max_steps or typed.epochs * datamodule.steps_per_epoch
+    sampling_rate = datamodule.sampling_rate
+    privacy = PrivacySettings(typed.privacy.clip_norm, sampling_rate, typed.privacy.noise_multiplier, typed.seed)
+    strategy = make_strategy(cfg.privatizer, privacy)
+    plan = make_plan(strategy, typed.privacy, sampling_rate, steps)
+
+    model = build_model(cfg.model, data)
+    ledger = PrivacyLedger(typed.privacy.delta, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error))
+    module = DPModule(model, ClassificationTask(), strategy, typed.optimizer, ledger, typed.batch_size)
+
+    tags = [strategy.name, cfg.model.name, data.name]
+    profiler = ProfilerCallback(typed.profiler.warmup_steps)
+    callbacks: list[L.Callback] = [profiler]
+    if plan.private:
+        callbacks.append(EpsilonLogger(ledger))
+    if typed.trainer.checkpoint:
+        callbacks.append(ModelCheckpoint(dirpath=run_dir / CHECKPOINT_DIR, save_last=True, save_top_k=0))
+    loggers = _loggers(cfg, run_dir, tags)
+    trainer = L.Trainer(
+        accelerator=typed.trainer.accelerator,
+        devices=typed.trainer.devices,
+        precision=typed.trainer.precision,
+        max_epochs=-1 if typed.max_steps else typed.epochs,
+        max_steps=steps,
+        logger=loggers or False,
+        callbacks=callbacks,
+        enable_checkpointing=typed.trainer.checkpoint,
+        enable_progress_bar=typed.trainer.enable_progress_bar,
+        enable_model_summary=False,
+        log_every_n_steps=typed.trainer.log_every_n_steps,
+        check_val_every_n_epoch=typed.trainer.check_val_every_n_epoch,
+        num_sanity_val_steps=0,
+        use_distributed_sampler=False,
+        default_root_dir=str(run_dir),
+        plugins=[AtomicCheckpointIO()],
+    )
+    started = time.perf_counter()
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*does not have many workers.*")
+        warnings.filterwarnings("ignore", ".*TensorBoard.*")
+        trainer.fit(module, datamodule=datamodule, ckpt_path=_resume_checkpoint(cfg, run_dir))
+        wall = time.perf_counter() - started
+        tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
+
+    report = ledger.epsilon() if plan.private else None
+    metric = module.task.metric_name
+    memory = profiler.memory
+    results: dict[str, Any] = {
+        "privatizer": strategy.name,
+        "model": cfg.model.name,
+        "data": data.name,
+        "private": plan.private,
+        "epsilon": report.epsilon if report else None,
+        "epsilon_estimate": report.epsilon_estimate if report else None,
+        "accountant_method": report.method if report else None,
+        "accountant_fallback_reason": report.fallback_reason if report else None,
+        "target_epsilon": typed.privacy.epsilon if plan.private and plan.calibrated else None,
+        "planned_epsilon": plan.planned_epsilon,
+        "delta": typed.privacy.delta if plan.private else None,
+        "noise_multiplier": plan.noise_multiplier,
+        "clip_norm": plan.clip_norm,
+        "batch_size": typed.batch_size,
+        "sampling": plan.sampling,
+        "sampling_rate": sampling_rate,
+        "train_size": len(data.train),
+        "test_size": len(data.test),
+        "steps": ledger.steps if plan.private else trainer.global_step,
+        "epochs": trainer.current_epoch,
+        "test_metric": metric,
+        f"test_{metric}": float(tested[f"test/{metric}"]),
+        "test_loss": float(tested["test/loss"]),
+        "samples_per_s": profiler.samples_per_s,
+        "step_time_s": profiler.summary().get("profile/step_time_s"),
+        "peak_memory_mb": memory.peak_mb if memory else None,
+        "max_memory_reserved_mb": memory.max_memory_reserved_mb if memory else None,
+        "memory_method": memory.method if memory else None,
+        "train_time_s": wall,
+        "device": str(module.device) if module.device.type != "cuda" else torch.cuda.get_device_name(module.device),
+        "seed": typed.seed,
+        "run_dir": str(run_dir),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }
+    if plan.sampling != "poisson":
+        results["accounting_note"] = (
+            "shuffled fixed-size batches: the epsilon is the Poisson-subsampling figure, which such batches do "
+            "not strictly satisfy"
+        )
+    write_json_atomic(run_dir / RESULTS_FILE, results)
+    _finish_wandb(loggers, results)
+    print(summary_text(results), flush=True)
+    return results
+
+
+def _finish_wandb(loggers: list[Logger], results: dict[str, Any]) -> None:
+    for logger in loggers:
+        if isinstance(logger, WandbLogger):
+            metric = results["test_metric"]
+            logger.experiment.summary.update({
+                f"best/test_{metric}": results[f"test_{metric}"],
+                "epsilon": results["epsilon"],
+                "peak_memory_mb": results["peak_memory_mb"],
+                "samples_per_s": results["samples_per_s"],
+            })
+            logger.experiment.finish()

@@ -1,0 +1,38 @@
+"""What a model is trained to do: the per-sample loss every privatizer needs, and the test metric."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+Batch = tuple[Any, Tensor]
+"""(inputs, targets): inputs is a tensor or a dict of tensors whose first dimension is the batch."""
+
+Forward = Callable[[Any], Tensor]
+
+
+def batch_size_of(batch: Batch) -> int:
+    return int(batch[1].shape[0])
+
+
+class ClassificationTask:
+    """Cross-entropy per sample; accuracy as the test metric."""
+
+    metric_name = "accuracy"
+
+    def per_sample_loss(self, forward: Forward, batch: Batch) -> Tensor:
+        inputs, targets = batch
+        return F.cross_entropy(forward(inputs), targets, reduction="none")
+
+    @torch.no_grad()
+    def metric_counts(self, forward: Forward, batch: Batch) -> tuple[float, float, int]:
+        """(summed loss, correct predictions, samples) of one evaluation batch."""
+        inputs, targets = batch
+        logits = forward(inputs)
+        loss = F.cross_entropy(logits, targets, reduction="sum")
+        correct = (logits.argmax(dim=-1) == targets).sum()
+        return float(loss), float(correct), int(targets.shape[0])

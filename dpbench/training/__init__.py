@@ -1,0 +1,1 @@
+"""Lightning pieces: the DP module, the data module, and the callbacks around them."""

@@ -1,0 +1,21 @@
+"""Privacy progress: epsilon spent, logged at every epoch end."""
+
+from __future__ import annotations
+
+import lightning as L
+
+from dpbench.privacy.accountant import PrivacyAccountant
+from dpbench.privacy.ledger import PrivacyLedger
+
+
+class EpsilonLogger(L.Callback):
+    """Logs the ledger's epsilon with a coarser (still upper-bounding) discretisation to keep epochs fast."""
+
+    def __init__(self, ledger: PrivacyLedger, eps_error: float = 0.05):
+        self.ledger = ledger
+        self.accountant = PrivacyAccountant(eps_error=eps_error)
+
+    def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        report = self.accountant.epsilon(self.ledger.composition(), self.ledger.delta)
+        pl_module.log("privacy/epsilon_spent", report.epsilon, prog_bar=True)
+        pl_module.log("privacy/steps", float(self.ledger.steps))

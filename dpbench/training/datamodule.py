@@ -1,0 +1,45 @@
+"""Loaders: Poisson (or shuffled) training batches, sequential evaluation batches."""
+
+from __future__ import annotations
+
+import lightning as L
+from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
+
+from dpbench.data import DataBundle, identity_collate
+from dpbench.privacy.sampling import PoissonBatchSampler, ShuffledBatchSampler
+
+
+class DPDataModule(L.LightningDataModule):
+    def __init__(self, data: DataBundle, batch_size: int, sampling: str, seed: int, eval_batch_size: int):
+        super().__init__()
+        self.data = data
+        self.batch_size = batch_size
+        self.sampling = sampling
+        self.seed = seed
+        self.eval_batch_size = eval_batch_size
+
+    @property
+    def sampling_rate(self) -> float:
+        return self.batch_size / len(self.data.train)
+
+    def train_batch_sampler(self) -> PoissonBatchSampler | ShuffledBatchSampler:
+        if self.sampling == "poisson":
+            return PoissonBatchSampler(len(self.data.train), self.sampling_rate, self.seed)
+        return ShuffledBatchSampler(len(self.data.train), self.batch_size, self.seed)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        return len(self.train_batch_sampler())
+
+    def train_dataloader(self) -> DataLoader:
+        return DataLoader(self.data.train, batch_sampler=self.train_batch_sampler(), collate_fn=identity_collate)
+
+    def _eval_loader(self, split) -> DataLoader:
+        sampler = BatchSampler(SequentialSampler(split), self.eval_batch_size, drop_last=False)
+        return DataLoader(split, batch_sampler=sampler, collate_fn=identity_collate)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._eval_loader(self.data.test)
+
+    def test_dataloader(self) -> DataLoader:
+        return self._eval_loader(self.data.test)

@@ -1,0 +1,81 @@
+"""The Lightning module: manual optimization, with the privatizer strategy forming every gradient."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from dpbench.optim import OptimizerConfig
+from dpbench.privacy.ledger import PrivacyLedger
+from dpbench.privatizers.base import PrivatizerStrategy, StepContext
+from dpbench.tasks import Batch, ClassificationTask
+
+
+class DPModule(L.LightningModule):
+    """Knows nothing about any particular strategy: it asks the strategy for the gradient and the mechanisms."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        task: ClassificationTask,
+        strategy: PrivatizerStrategy,
+        optimizer_config: OptimizerConfig,
+        ledger: PrivacyLedger,
+        expected_batch_size: float,
+    ):
+        super().__init__()
+        self.automatic_optimization = False
+        self.model = model
+        self.task = task
+        self.strategy = strategy
+        self.optimizer_config = optimizer_config
+        self.ledger = ledger
+        self.expected_batch_size = expected_batch_size
+        self.samples_seen = 0
+        strategy.attach(model)
+
+    def forward(self, inputs: Any) -> torch.Tensor:
+        return self.model(inputs)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return self.strategy.configure_optimizer(self.model, self.optimizer_config)
+
+    def training_step(self, batch: Batch, batch_idx: int) -> None:
+        optimizer = self.optimizers()
+        optimizer.zero_grad(set_to_none=True)
+        step = self.ledger.steps
+        output = self.strategy.privatize(self.model, self.task, batch, StepContext(step, self.expected_batch_size))
+        self.strategy.apply_update(optimizer)
+        self.ledger.record(self.strategy.step_mechanisms(step))
+        self.samples_seen += int(output.stats.get("batch_size", 0))
+        self.log("train/loss", output.loss, on_step=True, on_epoch=True, batch_size=1)
+        for key, value in output.stats.items():
+            self.log(f"train/{key}", value, on_step=True, on_epoch=False, batch_size=1)
+
+    def _evaluate(self, batch: Batch, prefix: str) -> None:
+        loss_sum, correct, count = self.task.metric_counts(self.model, batch)
+        self.log(f"{prefix}/loss", loss_sum / max(count, 1), on_epoch=True, batch_size=count, prog_bar=False)
+        self.log(f"{prefix}/{self.task.metric_name}", correct / max(count, 1), on_epoch=True, batch_size=count,
+                 prog_bar=True)
+
+    def validation_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, "val")
+
+    def test_step(self, batch: Batch, batch_idx: int) -> None:
+        self._evaluate(batch, "test")
+
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["dpbench"] = {
+            "ledger": self.ledger.state_dict(),
+            "strategy": self.strategy.state_dict(),
+            "samples_seen": self.samples_seen,
+        }
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        state = checkpoint["dpbench"]
+        self.ledger.load_state_dict(state["ledger"])
+        self.strategy.load_state_dict(state["strategy"])
+        self.samples_seen = state["samples_seen"]
