@@ -29,7 +29,7 @@ test: install
 
 bench: install
 	$(BIN)/pip install -q -e ".[bench]"
-	WANDB_MODE=disabled $(BIN)/python -m benchmarks.vanilla_cnn $(ARGS)
+	WANDB_MODE=disabled $(BIN)/python -m benchmarks $(ARGS)
 
 lint: install
 	$(BIN)/ruff check dpbench tests benchmarks

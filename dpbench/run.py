@@ -25,7 +25,6 @@ from dpbench.privacy.plan import make_plan
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.profiling import ProfilerCallback
 from dpbench.results import RESULTS_FILE, summary_text, write_json_atomic
-from dpbench.tasks import ClassificationTask
 from dpbench.training.callbacks import EpsilonLogger
 from dpbench.training.checkpoint_io import AtomicCheckpointIO
 from dpbench.training.datamodule import DPDataModule
@@ -89,7 +88,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     model = build_model(cfg.model, data)
     ledger = PrivacyLedger(typed.privacy.delta, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error))
-    module = DPModule(model, ClassificationTask(), strategy, typed.optimizer, ledger, typed.batch_size)
+    module = DPModule(model, data.task, strategy, typed.optimizer, ledger, typed.batch_size)
 
     tags = [strategy.name, cfg.model.name, data.name]
     profiler = ProfilerCallback(typed.profiler.warmup_steps)

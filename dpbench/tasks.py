@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 import torch.nn.functional as F
@@ -17,6 +17,20 @@ Forward = Callable[[Any], Tensor]
 
 def batch_size_of(batch: Batch) -> int:
     return int(batch[1].shape[0])
+
+
+class Task(Protocol):
+    """A task gives every privatizer the per-sample loss vector, and the evaluation its metric."""
+
+    metric_name: str
+
+    def per_sample_loss(self, forward: Forward, batch: Batch) -> Tensor:
+        """(B,) losses; sample i's loss depends on sample i only."""
+        ...
+
+    def metric_counts(self, forward: Forward, batch: Batch) -> tuple[float, float, int]:
+        """(summed loss, summed metric, samples) of one evaluation batch."""
+        ...
 
 
 class ClassificationTask:

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
 from dpbench.errors import MissingDataError
+from dpbench.tasks import ClassificationTask, Task
 
 
 class TensorSplit(Dataset):
@@ -48,6 +49,8 @@ class DataBundle:
     """(C, H, W) for images; None for token data."""
     vocab_size: int | None = None
     source: str = ""
+    task: Task = field(default_factory=ClassificationTask)
+    """The loss and metric this data is trained and tested with."""
 
     def __post_init__(self) -> None:
         if len(self.train) == 0:

@@ -19,7 +19,7 @@ from dpbench.optim import build_optimizer
 from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussian
 from dpbench.privatizers.noise import GaussianNoise
 from dpbench.privatizers.per_sample import trainable_parameters
-from dpbench.tasks import Batch, ClassificationTask
+from dpbench.tasks import Batch, Task
 
 
 @dataclass
@@ -78,7 +78,7 @@ class PrivatizerStrategy(ABC):
         return build_optimizer(trainable_parameters(model).values(), optimizer_config)
 
     @abstractmethod
-    def privatize(self, model: nn.Module, task: ClassificationTask, batch: Batch, ctx: StepContext) -> StepOutput:
+    def privatize(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> StepOutput:
         """Write the privatized gradient of one logical step into each trainable parameter's .grad."""
 
     def apply_update(self, optimizer: Optimizer) -> None:

@@ -15,14 +15,17 @@ def clip_factors(norms: Tensor, clip_norm: float) -> Tensor:
 
 
 def clipping_stats(norms: Tensor, clip_norm: float) -> dict[str, float]:
+    """Fraction clipped, mean norm and non-finite count, read back in one device sync."""
     if norms.numel() == 0:
         return {"batch_size": 0.0}
     finite = torch.isfinite(norms)
-    finite_norms = norms[finite]
-    stats = {
+    safe = torch.where(finite, norms, torch.zeros_like(norms))
+    count = finite.sum().clamp(min=1)
+    values = torch.stack([(safe > clip_norm).sum() / count, safe.sum() / count, (~finite).sum().to(norms.dtype)])
+    clipped, mean_norm, nonfinite = values.tolist()
+    return {
         "batch_size": float(norms.numel()),
-        "clipped_fraction": float((finite_norms > clip_norm).float().mean()) if finite_norms.numel() else 0.0,
-        "grad_norm_median": float(finite_norms.median()) if finite_norms.numel() else float("nan"),
-        "nonfinite_samples": float((~finite).sum()),
+        "clipped_fraction": clipped,
+        "grad_norm_mean": mean_norm,
+        "nonfinite_samples": nonfinite,
     }
-    return stats

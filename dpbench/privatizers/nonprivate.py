@@ -8,7 +8,7 @@ from torch import nn
 
 from dpbench.privacy.mechanisms import Composition, Mechanism
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext, StepOutput
-from dpbench.tasks import Batch, ClassificationTask, batch_size_of
+from dpbench.tasks import Batch, Task, batch_size_of
 
 
 @dataclass
@@ -26,7 +26,7 @@ class NonPrivate(PrivatizerStrategy):
     def composition(self, noise_multiplier: float, steps: int) -> Composition:
         return []
 
-    def privatize(self, model: nn.Module, task: ClassificationTask, batch: Batch, ctx: StepContext) -> StepOutput:
+    def privatize(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> StepOutput:
         size = batch_size_of(batch)
         if size == 0:
             for param in model.parameters():

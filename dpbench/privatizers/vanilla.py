@@ -9,7 +9,7 @@ from torch import nn
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext, StepOutput
 from dpbench.privatizers.clipping import clipping_stats
 from dpbench.privatizers.per_sample import PerSampleEngine, make_engine
-from dpbench.tasks import Batch, ClassificationTask, batch_size_of
+from dpbench.tasks import Batch, Task, batch_size_of
 
 
 @dataclass
@@ -29,7 +29,7 @@ class Vanilla(PrivatizerStrategy):
     def attach(self, model: nn.Module) -> None:
         self.engine = make_engine(model, self.config.engine, self.config.chunk_size)
 
-    def privatize(self, model: nn.Module, task: ClassificationTask, batch: Batch, ctx: StepContext) -> StepOutput:
+    def privatize(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> StepOutput:
         if batch_size_of(batch) == 0:  # an empty Poisson batch is still a step: noise only
             self.write_noisy_mean(model, {}, ctx)
             return StepOutput(loss=float("nan"), stats={"batch_size": 0.0})

@@ -11,7 +11,7 @@ from torch import nn
 from dpbench.optim import OptimizerConfig
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
-from dpbench.tasks import Batch, ClassificationTask
+from dpbench.tasks import Batch, Task
 
 
 class DPModule(L.LightningModule):
@@ -20,7 +20,7 @@ class DPModule(L.LightningModule):
     def __init__(
         self,
         model: nn.Module,
-        task: ClassificationTask,
+        task: Task,
         strategy: PrivatizerStrategy,
         optimizer_config: OptimizerConfig,
         ledger: PrivacyLedger,
@@ -56,10 +56,11 @@ class DPModule(L.LightningModule):
             self.log(f"train/{key}", value, on_step=True, on_epoch=False, batch_size=1)
 
     def _evaluate(self, batch: Batch, prefix: str) -> None:
-        loss_sum, correct, count = self.task.metric_counts(self.model, batch)
-        self.log(f"{prefix}/loss", loss_sum / max(count, 1), on_epoch=True, batch_size=count, prog_bar=False)
-        self.log(f"{prefix}/{self.task.metric_name}", correct / max(count, 1), on_epoch=True, batch_size=count,
-                 prog_bar=True)
+        loss_sum, metric_sum, count = self.task.metric_counts(self.model, batch)
+        self.log(f"{prefix}/loss", loss_sum / max(count, 1), on_epoch=True, batch_size=count)
+        if self.task.metric_name != "loss":
+            self.log(f"{prefix}/{self.task.metric_name}", metric_sum / max(count, 1), on_epoch=True,
+                     batch_size=count, prog_bar=True)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, "val")

@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_map
 
 from dpbench.privatizers.clipping import clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
-from dpbench.tasks import Batch, ClassificationTask
+from dpbench.tasks import Batch, Task
 
 
 class FunctorchEngine:
@@ -20,7 +20,7 @@ class FunctorchEngine:
         self.model = model
         self.chunk_size = chunk_size
 
-    def per_sample_gradients(self, task: ClassificationTask, batch: Batch) -> dict[str, Tensor]:
+    def per_sample_gradients(self, task: Task, batch: Batch) -> dict[str, Tensor]:
         trainable = {name: p.detach() for name, p in trainable_parameters(self.model).items()}
         frozen = {name: p.detach() for name, p in self.model.named_parameters() if name not in trainable}
         frozen.update(dict(self.model.named_buffers()))
@@ -37,7 +37,7 @@ class FunctorchEngine:
         per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0), randomness="different", chunk_size=self.chunk_size)
         return per_sample(trainable, inputs, targets)
 
-    def clipped_sum(self, task: ClassificationTask, batch: Batch, clip_norm: float) -> ClippedSum:
+    def clipped_sum(self, task: Task, batch: Batch, clip_norm: float) -> ClippedSum:
         per_sample = self.per_sample_gradients(task, batch)
         norms = torch.stack([g.flatten(1).pow(2).sum(1) for g in per_sample.values()]).sum(0).sqrt()
         factors = clip_factors(norms, clip_norm)

@@ -17,7 +17,7 @@ from dpbench.privatizers.clipping import clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.layers import handler_for
 from dpbench.privatizers.per_sample.sites import Site
-from dpbench.tasks import Batch, ClassificationTask
+from dpbench.tasks import Batch, Task
 
 
 def unsupported_modules(model: nn.Module) -> list[str]:
@@ -59,7 +59,7 @@ class HookEngine:
         for handle in self._handles:
             handle.remove()
 
-    def _forward(self, task: ClassificationTask, batch: Batch) -> Tensor:
+    def _forward(self, task: Task, batch: Batch) -> Tensor:
         self._records = []
         self._recording = True
         try:
@@ -67,7 +67,7 @@ class HookEngine:
         finally:
             self._recording = False
 
-    def _sites(self, task: ClassificationTask, batch: Batch, dense: bool) -> tuple[dict[str, list[Site]], Tensor]:
+    def _sites(self, task: Task, batch: Batch, dense: bool) -> tuple[dict[str, list[Site]], Tensor]:
         losses = self._forward(task, batch)
         records, self._records = self._records, []
         outputs = [output for _, _, output in records]
@@ -83,12 +83,12 @@ class HookEngine:
                 sites[self.names[param]].append(site)
         return sites, losses.detach()
 
-    def per_sample_gradients(self, task: ClassificationTask, batch: Batch) -> dict[str, Tensor]:
+    def per_sample_gradients(self, task: Task, batch: Batch) -> dict[str, Tensor]:
         """Materialized (B, *shape) gradients: for tests and for strategies that transform them."""
         sites, _ = self._sites(task, batch, dense=True)
         return {name: sum(site.materialize() for site in group) for name, group in sites.items()}
 
-    def clipped_sum(self, task: ClassificationTask, batch: Batch, clip_norm: float) -> ClippedSum:
+    def clipped_sum(self, task: Task, batch: Batch, clip_norm: float) -> ClippedSum:
         sites, losses = self._sites(task, batch, dense=False)
         norm_sq = torch.zeros(losses.shape[0], device=losses.device)
         for group in sites.values():

@@ -44,6 +44,20 @@ def linear_sites(module: nn.Linear, x: Tensor, g: Tensor, dense: bool) -> SiteMa
     return _matrix_sites(module, x.reshape(batch, -1, x.shape[-1]), g.reshape(batch, -1, g.shape[-1]), dense)
 
 
+def _patches(x: Tensor, kernel, stride, padding, dilation) -> Tensor:
+    """(B, L, C*kh*kw) receptive fields as a strided view copied once: several times faster than F.unfold."""
+    x = F.pad(x, (padding[1], padding[1], padding[0], padding[0])).contiguous()
+    batch, channels, height, width = x.shape
+    out_h = (height - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
+    out_w = (width - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
+    s_b, s_c, s_h, s_w = x.stride()
+    view = x.as_strided(
+        (batch, out_h, out_w, channels, kernel[0], kernel[1]),
+        (s_b, stride[0] * s_h, stride[1] * s_w, s_c, dilation[0] * s_h, dilation[1] * s_w),
+    )
+    return view.reshape(batch, out_h * out_w, channels * kernel[0] * kernel[1])
+
+
 def conv_sites(module: nn.Conv1d | nn.Conv2d, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
     if module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str):
         raise UnsupportedModelError(
@@ -55,10 +69,9 @@ def conv_sites(module: nn.Conv1d | nn.Conv2d, x: Tensor, g: Tensor, dense: bool)
         stride, padding, dilation = (1, module.stride[0]), (0, module.padding[0]), (1, module.dilation[0])
     else:
         kernel, stride, padding, dilation = module.kernel_size, module.stride, module.padding, module.dilation
-    patches = F.unfold(x, kernel, dilation=dilation, padding=padding, stride=stride)  # (B, in*k, L)
-    batch = x.shape[0]
-    g = g.reshape(batch, g.shape[1], -1)  # (B, out, L)
-    return _matrix_sites(module, patches.transpose(1, 2), g.transpose(1, 2), dense)
+    patches = _patches(x, kernel, stride, padding, dilation)  # (B, L, in*k)
+    g = g.reshape(g.shape[0], g.shape[1], -1).transpose(1, 2)  # (B, L, out)
+    return _matrix_sites(module, patches, g, dense)
 
 
 def embedding_sites(module: nn.Embedding, ids: Tensor, g: Tensor, dense: bool) -> SiteMap:

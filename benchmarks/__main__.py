@@ -1,0 +1,27 @@
+"""`make bench`: every benchmark in turn (or those named), each comparing its configurations side by side.
+
+    python -m benchmarks                 # all
+    python -m benchmarks vanilla_cnn     # one
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+BENCHMARKS = ["vanilla_cnn"]
+
+
+def main() -> None:
+    names = [a for a in sys.argv[1:] if not a.startswith("-")] or BENCHMARKS
+    unknown = sorted(set(names) - set(BENCHMARKS))
+    if unknown:
+        raise SystemExit(f"unknown benchmarks {unknown}; known: {BENCHMARKS}")
+    sys.argv = [sys.argv[0], *[a for a in sys.argv[1:] if a.startswith("-")]]
+    for name in names:
+        print(f"\n=== {name} ===", flush=True)
+        importlib.import_module(f"benchmarks.{name}").main()
+
+
+if __name__ == "__main__":
+    main()

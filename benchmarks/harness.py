@@ -1,0 +1,126 @@
+"""Side-by-side step-time and peak-memory measurement, one fresh process per measurement.
+
+Each case is set up in a new `spawn` process (so its peak memory is its own), timed over `steps` steps after
+`warmup`, and the cases are measured alternately for `rounds` rounds so that load from other processes on a
+shared machine hits all of them alike. Figures are medians over rounds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import multiprocessing
+import platform
+import statistics
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpbench.profiling.memory import PeakMemory
+
+
+def _device() -> torch.device:
+    return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def _measure(module_name: str, case: str, params: dict[str, Any], steps: int, warmup: int, threads: int, queue):
+    try:
+        torch.set_num_threads(threads)
+        device = _device()
+        step = importlib.import_module(module_name).make_step(case, device=device, **params)
+        memory = PeakMemory(device)
+        memory.start()
+        times = []
+        for _ in range(warmup + steps):
+            started = time.perf_counter()
+            step()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - started)
+        memory.stop()
+        queue.put({"step_time_s": statistics.median(times[warmup:]), "peak_memory_mb": memory.peak_mb})
+    except Exception as error:  # reported as a failed case, not a crashed benchmark
+        queue.put({"error": f"{type(error).__name__}: {error}"})
+
+
+def measure(module_name: str, case: str, params: dict[str, Any], steps: int, warmup: int, threads: int) -> dict:
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    process = context.Process(target=_measure, args=(module_name, case, params, steps, warmup, threads, queue))
+    process.start()
+    result = queue.get()
+    process.join()
+    return result
+
+
+def compare(
+    module_name: str, cases: list[str], params: dict[str, Any], batch_size: int, rounds: int, steps: int,
+    warmup: int, threads: int,
+) -> dict[str, dict[str, float]]:
+    """Median step time, samples/s and peak memory per case, the cases alternating within each round."""
+    raw: dict[str, list[dict]] = {case: [] for case in cases}
+    for round_index in range(rounds):
+        for case in cases:
+            result = measure(module_name, case, {**params, "batch_size": batch_size}, steps, warmup, threads)
+            raw[case].append(result)
+            print(f"  round {round_index + 1}/{rounds} {case:>18}: {result}", flush=True)
+    summary = {}
+    for case, results in raw.items():
+        ok = [r for r in results if "error" not in r]
+        if not ok:
+            summary[case] = {"error": results[0]["error"]}
+            continue
+        step_time = statistics.median(r["step_time_s"] for r in ok)
+        summary[case] = {
+            "step_time_s": step_time,
+            "samples_per_s": batch_size / step_time,
+            "peak_memory_mb": statistics.median(r["peak_memory_mb"] for r in ok),
+        }
+    return summary
+
+
+def print_table(title: str, summary: dict[str, dict[str, float]], baseline: str) -> None:
+    print(f"\n{title}")
+    print(f"{'case':>20} {'step ms':>9} {'samples/s':>10} {'peak MB':>9} {'speed vs ' + baseline:>22}")
+    base = summary.get(baseline, {}).get("samples_per_s")
+    for case, row in summary.items():
+        if "error" in row:
+            print(f"{case:>20}  failed: {row['error']}")
+            continue
+        ratio = f"{row['samples_per_s'] / base:.2f}x" if base else "-"
+        print(f"{case:>20} {row['step_time_s'] * 1e3:9.1f} {row['samples_per_s']:10.0f} "
+              f"{row['peak_memory_mb']:9.1f} {ratio:>22}")
+
+
+def ratio(summary: dict, numerator: str, denominator: str, key: str) -> float | None:
+    a, b = summary.get(numerator, {}).get(key), summary.get(denominator, {}).get(key)
+    return a / b if a is not None and b else None
+
+
+def machine() -> str:
+    device = _device()
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else platform.processor() or "cpu"
+    return f"{platform.node()} {device.type} {name}, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def save(name: str, payload: dict) -> Path:
+    out = Path("bench_results")
+    out.mkdir(exist_ok=True)
+    path = out / f"{name}.json"
+    payload = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(), **payload}
+    path.write_text(json.dumps(payload, indent=2))
+    return path
+
+
+def arguments(description: str, rounds: int = 5, steps: int = 20, warmup: int = 5) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=description)
+    parser.add_argument("--rounds", type=int, default=rounds)
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--warmup", type=int, default=warmup)
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--batch-size", type=int, default=None)
+    return parser.parse_args()

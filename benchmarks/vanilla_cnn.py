@@ -1,0 +1,112 @@
+"""Issue 2 benchmark: the 26K CNN at batch 256, nonprivate vs dpbench vanilla vs Opacus (hooks, functorch, ghost).
+
+Targets: vanilla samples/s >= 0.7x nonprivate and >= 1.3x Opacus's best engine; vanilla peak memory <= Opacus's.
+    python -m benchmarks.vanilla_cnn [--rounds 5 --steps 20]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from benchmarks.harness import arguments, compare, print_table, ratio, save
+from dpbench.data import load_data
+from dpbench.models.cnn import TFPrivacyCNN
+from dpbench.privatizers import PrivacySettings, make_strategy
+from dpbench.privatizers.base import StepContext
+from dpbench.tasks import ClassificationTask
+
+CASES = ["nonprivate", "vanilla", "opacus_hooks", "opacus_functorch", "opacus_ghost"]
+SIGMA, CLIP, LR = 1.0, 1.0, 0.5
+
+
+def _batches(batch_size: int, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    data = load_data(OmegaConf.create({"name": "mnist5k"})).train
+    generator = torch.Generator().manual_seed(0)
+
+    def next_batch():
+        index = torch.randint(0, len(data), (batch_size,), generator=generator)
+        x, y = data.__getitems__(index.tolist())
+        return x.to(device), y.to(device)
+
+    return next_batch
+
+
+def make_step(case: str, device: torch.device, batch_size: int) -> Callable[[], None]:
+    torch.manual_seed(0)
+    model = TFPrivacyCNN().to(device)
+    next_batch = _batches(batch_size, device)
+    optimizer = torch.optim.SGD(model.parameters(), lr=LR)
+    if case in ("nonprivate", "vanilla"):
+        task = ClassificationTask()
+        strategy = make_strategy(
+            OmegaConf.create({"name": case}), PrivacySettings(CLIP, batch_size / 4000, SIGMA, seed=0)
+        )
+        strategy.attach(model)
+
+        def step() -> None:
+            optimizer.zero_grad(set_to_none=True)
+            strategy.privatize(model, task, next_batch(), StepContext(0, batch_size))
+            optimizer.step()
+
+        return step
+    from opacus import GradSampleModule
+    from opacus.optimizers import DPOptimizer
+
+    if case == "opacus_ghost":
+        from opacus.grad_sample import GradSampleModuleFastGradientClipping
+        from opacus.optimizers import DPOptimizerFastGradientClipping
+        from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+        wrapped = GradSampleModuleFastGradientClipping(model, max_grad_norm=CLIP, use_ghost_clipping=True)
+        dp_optimizer = DPOptimizerFastGradientClipping(
+            optimizer, noise_multiplier=SIGMA, max_grad_norm=CLIP, expected_batch_size=batch_size
+        )
+        criterion = DPLossFastGradientClipping(wrapped, dp_optimizer, torch.nn.CrossEntropyLoss(), "mean")
+
+        def ghost_step() -> None:
+            x, y = next_batch()
+            dp_optimizer.zero_grad(set_to_none=True)
+            criterion(wrapped(x), y).backward()
+            dp_optimizer.step()
+
+        return ghost_step
+    wrapped = GradSampleModule(model, force_functorch=case == "opacus_functorch")
+    dp_optimizer = DPOptimizer(optimizer, noise_multiplier=SIGMA, max_grad_norm=CLIP, expected_batch_size=batch_size)
+
+    def opacus_step() -> None:
+        x, y = next_batch()
+        dp_optimizer.zero_grad(set_to_none=True)
+        F.cross_entropy(wrapped(x), y).backward()
+        dp_optimizer.step()
+
+    return opacus_step
+
+
+def main() -> None:
+    args = arguments(__doc__)
+    batch_size = args.batch_size or 256
+    summary = compare("benchmarks.vanilla_cnn", CASES, {}, batch_size, args.rounds, args.steps, args.warmup,
+                      args.threads)
+    print_table(f"26K CNN, batch {batch_size}", summary, "nonprivate")
+    opacus = [c for c in CASES if c.startswith("opacus") and "samples_per_s" in summary.get(c, {})]
+    best = max(opacus, key=lambda c: summary[c]["samples_per_s"]) if opacus else None
+    checks = {
+        "vanilla / nonprivate samples/s (target >= 0.7)": ratio(summary, "vanilla", "nonprivate", "samples_per_s"),
+        f"vanilla / best Opacus ({best}) samples/s (target >= 1.3)": ratio(summary, "vanilla", best, "samples_per_s"),
+        f"vanilla / {best} peak memory (target <= 1.0)": ratio(summary, "vanilla", best, "peak_memory_mb"),
+    }
+    lowest = min(opacus, key=lambda c: summary[c]["peak_memory_mb"]) if opacus else None
+    checks[f"vanilla / lowest-memory Opacus ({lowest}) peak memory"] = ratio(
+        summary, "vanilla", lowest, "peak_memory_mb")
+    for label, value in checks.items():
+        print(f"  {label}: {value:.2f}" if value is not None else f"  {label}: n/a")
+    print("saved", save("vanilla_cnn", {"batch_size": batch_size, "summary": summary, "ratios": checks,
+                                         "rounds": args.rounds, "steps": args.steps}))
+
+
+if __name__ == "__main__":
+    main()
