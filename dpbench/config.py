@@ -68,6 +68,8 @@ class Config:
     seed: int = 0
     batch_size: int = 256
     """Expected logical batch size: the Poisson sampling rate is batch_size / N."""
+    physical_batch_size: int | None = None
+    """Micro-batch size for gradient accumulation (memory); noise is still added once per logical batch."""
     eval_batch_size: int = 1000
     epochs: int = 30
     max_steps: int | None = None

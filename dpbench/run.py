@@ -88,7 +88,9 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     model = build_model(cfg.model, data)
     ledger = PrivacyLedger(typed.privacy.delta, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error))
-    module = DPModule(model, data.task, strategy, typed.optimizer, ledger, typed.batch_size)
+    module = DPModule(
+        model, data.task, strategy, typed.optimizer, ledger, typed.batch_size, typed.physical_batch_size
+    )
 
     tags = [strategy.name, cfg.model.name, data.name]
     profiler = ProfilerCallback(typed.profiler.warmup_steps)

@@ -107,3 +107,21 @@ def test_every_trainable_parameter_gets_a_private_gradient_and_frozen_ones_none(
             assert param.grad is not None and torch.isfinite(param.grad).all(), name
         else:
             assert param.grad is None, name
+
+
+@pytest.mark.parametrize("name", ["vanilla", "nonprivate"])
+def test_micro_batches_give_the_same_step_with_noise_added_once(name):
+    torch.manual_seed(0)
+    batch = cnn_batch(10)
+    grads = []
+    for physical in (None, 3):
+        torch.manual_seed(0)
+        model = TFPrivacyCNN()
+        settings = PrivacySettings(clip_norm=1.0, sampling_rate=0.1, noise_multiplier=0.7, seed=5)
+        strategy = make_strategy(OmegaConf.create({"name": name}), settings)
+        strategy.attach(model)
+        output = strategy.privatize(model, TASK, batch, StepContext(0, 10.0, physical))
+        assert output.stats["batch_size"] == 10
+        grads.append([p.grad.clone() for p in model.parameters()])
+    for whole, accumulated in zip(grads[0], grads[1], strict=True):
+        torch.testing.assert_close(whole, accumulated, atol=1e-6, rtol=1e-5)

@@ -14,12 +14,13 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
+from torch.utils._pytree import tree_map
 
 from dpbench.optim import build_optimizer
 from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussian
 from dpbench.privatizers.noise import GaussianNoise
 from dpbench.privatizers.per_sample import trainable_parameters
-from dpbench.tasks import Batch, Task
+from dpbench.tasks import Batch, Task, batch_size_of
 
 
 @dataclass
@@ -38,12 +39,41 @@ class StepContext:
     """Logical step index, 0-based, counted across epochs and resumes."""
     expected_batch_size: float
     """q * N: the divisor of the noisy sum (never the realised Poisson batch size)."""
+    physical_batch_size: int | None = None
+    """Largest micro-batch run at once (gradient accumulation); None runs the logical batch whole."""
 
 
 @dataclass
 class StepOutput:
     loss: float
     stats: dict[str, float]
+
+
+def split_batch(batch: Batch, size: int | None) -> list[Batch]:
+    """Micro-batches of at most `size` samples (the whole batch when size is None); an empty batch stays one."""
+    total = batch_size_of(batch)
+    if size is None or total <= size:
+        return [batch]
+    inputs, targets = batch
+    micro = []
+    for start in range(0, total, size):
+        part = slice(start, start + size)
+        micro.append((tree_map(lambda t, part=part: t[part], inputs), targets[part]))
+    return micro
+
+
+def merge_stats(parts: list[dict[str, float]]) -> dict[str, float]:
+    """Combine micro-batch statistics: sizes and counts add up, rates are averaged by batch size."""
+    total = sum(p.get("batch_size", 0.0) for p in parts)
+    merged: dict[str, float] = {"batch_size": total}
+    for key in {k for p in parts for k in p} - {"batch_size"}:
+        values = [(p[key], p.get("batch_size", 0.0)) for p in parts if key in p]
+        if key.endswith(("_samples", "_count")):
+            merged[key] = sum(v for v, _ in values)
+        else:
+            weight = sum(w for _, w in values)
+            merged[key] = sum(v * w for v, w in values) / weight if weight else values[0][0]
+    return merged
 
 
 class PrivatizerStrategy(ABC):
@@ -77,9 +107,31 @@ class PrivatizerStrategy(ABC):
     def configure_optimizer(self, model: nn.Module, optimizer_config: Any) -> Optimizer:
         return build_optimizer(trainable_parameters(model).values(), optimizer_config)
 
-    @abstractmethod
     def privatize(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> StepOutput:
-        """Write the privatized gradient of one logical step into each trainable parameter's .grad."""
+        """Write the privatized gradient of one logical step into each trainable parameter's .grad.
+
+        The logical batch runs in micro-batches of ctx.physical_batch_size; noise is added once, in finalize.
+        """
+        losses, stats = [], []
+        for micro in split_batch(batch, ctx.physical_batch_size):
+            loss_sum, micro_stats = self.accumulate(model, task, micro, ctx)
+            losses.append(loss_sum)
+            stats.append(micro_stats)
+        self.finalize(model, ctx)
+        size = batch_size_of(batch)
+        return StepOutput(loss=sum(losses) / size if size else float("nan"), stats=merge_stats(stats))
+
+    @abstractmethod
+    def accumulate(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> tuple[float, dict]:
+        """Add one micro-batch's (clipped) contributions to the strategy's running sums.
+
+        Returns the micro-batch's summed loss and its statistics (always with "batch_size"). May be called with an
+        empty batch.
+        """
+
+    @abstractmethod
+    def finalize(self, model: nn.Module, ctx: StepContext) -> None:
+        """Noise the accumulated sums once, write .grad, and reset the sums for the next logical step."""
 
     def apply_update(self, optimizer: Optimizer) -> None:
         optimizer.step()

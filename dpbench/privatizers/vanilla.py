@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torch import nn
+from torch import Tensor, nn
 
-from dpbench.privatizers.base import PrivatizerStrategy, StepContext, StepOutput
+from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clipping_stats
 from dpbench.privatizers.per_sample import PerSampleEngine, make_engine
 from dpbench.tasks import Batch, Task, batch_size_of
@@ -28,12 +28,16 @@ class Vanilla(PrivatizerStrategy):
 
     def attach(self, model: nn.Module) -> None:
         self.engine = make_engine(model, self.config.engine, self.config.chunk_size)
+        self._sums: dict[str, Tensor] = {}
 
-    def privatize(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> StepOutput:
+    def accumulate(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> tuple[float, dict]:
         if batch_size_of(batch) == 0:  # an empty Poisson batch is still a step: noise only
-            self.write_noisy_mean(model, {}, ctx)
-            return StepOutput(loss=float("nan"), stats={"batch_size": 0.0})
+            return 0.0, {"batch_size": 0.0}
         result = self.engine.clipped_sum(task, batch, self.privacy.clip_norm)
-        self.write_noisy_mean(model, result.grads, ctx)
-        stats = clipping_stats(result.norms, self.privacy.clip_norm)
-        return StepOutput(loss=float(result.losses.mean()), stats=stats)
+        for name, grad in result.grads.items():
+            self._sums[name] = self._sums[name] + grad if name in self._sums else grad
+        return float(result.losses.sum()), clipping_stats(result.norms, self.privacy.clip_norm)
+
+    def finalize(self, model: nn.Module, ctx: StepContext) -> None:
+        self.write_noisy_mean(model, self._sums, ctx)
+        self._sums = {}

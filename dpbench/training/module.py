@@ -25,6 +25,7 @@ class DPModule(L.LightningModule):
         optimizer_config: OptimizerConfig,
         ledger: PrivacyLedger,
         expected_batch_size: float,
+        physical_batch_size: int | None = None,
     ):
         super().__init__()
         self.automatic_optimization = False
@@ -34,6 +35,7 @@ class DPModule(L.LightningModule):
         self.optimizer_config = optimizer_config
         self.ledger = ledger
         self.expected_batch_size = expected_batch_size
+        self.physical_batch_size = physical_batch_size
         self.samples_seen = 0
         strategy.attach(model)
 
@@ -47,7 +49,8 @@ class DPModule(L.LightningModule):
         optimizer = self.optimizers()
         optimizer.zero_grad(set_to_none=True)
         step = self.ledger.steps
-        output = self.strategy.privatize(self.model, self.task, batch, StepContext(step, self.expected_batch_size))
+        ctx = StepContext(step, self.expected_batch_size, self.physical_batch_size)
+        output = self.strategy.privatize(self.model, self.task, batch, ctx)
         self.strategy.apply_update(optimizer)
         self.ledger.record(self.strategy.step_mechanisms(step))
         self.samples_seen += int(output.stats.get("batch_size", 0))
