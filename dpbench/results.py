@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 from pathlib import Path
 from typing import Any
@@ -10,9 +11,20 @@ from typing import Any
 RESULTS_FILE = "results.json"
 
 
+def _json_safe(value: Any) -> Any:
+    """Strict JSON: a non-finite float (an infinite epsilon) becomes the string "inf" / "-inf" / "nan"."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, dict):
+        return {key: _json_safe(item) for key, item in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(item) for item in value]
+    return value
+
+
 def write_json_atomic(path: Path, payload: dict[str, Any]) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, default=str, allow_nan=False))
+    tmp.write_text(json.dumps(_json_safe(payload), indent=2, default=str, allow_nan=False))
     os.replace(tmp, path)
 
 

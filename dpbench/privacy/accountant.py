@@ -8,12 +8,14 @@ bound over the same privacy random variables is used and the method is recorded.
 from __future__ import annotations
 
 import math
+import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass
 
 from prv_accountant import PRVAccountant
+from prv_accountant.accountant import compute_safe_domain_size
 from prv_accountant.other_accountants import RDP
 
 from dpbench.privacy.mechanisms import Composition, Mechanism
@@ -43,6 +45,16 @@ def merge_composition(composition: Composition) -> Composition:
     return list(counts.items())
 
 
+MAX_DOMAIN = 200.0
+"""Largest privacy-loss domain [-L, L] the PRV discretisation may use (memory grows with L / mesh)."""
+
+
+def infinite_mass(composition: Composition) -> float:
+    """Probability that some step's privacy loss is +inf (mechanisms that reveal a sample outright)."""
+    log_keep = sum(count * math.log1p(-mechanism.prv().pm_inf) for mechanism, count in composition)
+    return -math.expm1(log_keep)
+
+
 class PrivacyAccountant:
     """Composes heterogeneous mechanisms with the PRV accountant (Gopi, Lee, Wutschitz 2021)."""
 
@@ -57,6 +69,8 @@ class PrivacyAccountant:
         merged = merge_composition(composition)
         if not merged:
             return EpsilonReport(0.0, 0.0, "none")
+        if infinite_mass(merged) >= delta:
+            return EpsilonReport(math.inf, math.inf, "prv", "probability of an infinite privacy loss exceeds delta")
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = pool.submit(self._prv_epsilon, merged, delta)
             try:
@@ -75,21 +89,34 @@ class PrivacyAccountant:
     def _prv_epsilon(self, merged: Composition, delta: float) -> tuple[float, float]:
         prvs = [mechanism.prv() for mechanism, _ in merged]
         steps = [count for _, count in merged]
-        accountant = PRVAccountant(
-            prvs=prvs,
-            max_self_compositions=steps,
-            eps_error=self.eps_error,
-            delta_error=delta * self.delta_error_ratio,
-        )
+        delta_error = delta * self.delta_error_ratio
+        domain = compute_safe_domain_size(prvs, steps, eps_error=self.eps_error, delta_error=delta_error)
+        if domain > MAX_DOMAIN:
+            raise ValueError(f"the PRV domain would span +-{domain:.3g} (limit {MAX_DOMAIN:g})")
+        with warnings.catch_warnings():  # eps_max is prv-accountant's own safe domain, computed above
+            warnings.filterwarnings("ignore", "Assuming that true epsilon")
+            accountant = PRVAccountant(
+                prvs=prvs,
+                max_self_compositions=steps,
+                eps_error=self.eps_error,
+                delta_error=delta_error,
+                eps_max=domain,
+            )
         _, estimate, upper = accountant.compute_epsilon(delta=delta, num_self_compositions=steps)
         return float(upper), float(estimate)
 
     @staticmethod
     def rdp_epsilon(composition: Composition, delta: float) -> float:
-        """Renyi-DP bound over the same PRVs: looser, but robust where the PRV discretisation is not."""
+        """Renyi-DP bound over the same PRVs: looser, but robust where the PRV discretisation is not.
+
+        Mass at +inf (pm_inf) is outside RDP: it is paid from delta first.
+        """
         merged = merge_composition(composition)
         if not merged:
             return 0.0
+        remaining = delta - infinite_mass(merged)
+        if remaining <= 0:
+            return math.inf
         rdp = RDP(prvs=[mechanism.prv() for mechanism, _ in merged])
-        _, _, epsilon = rdp.compute_epsilon(delta=delta, num_self_compositions=[n for _, n in merged])
+        _, _, epsilon = rdp.compute_epsilon(delta=remaining, num_self_compositions=[n for _, n in merged])
         return float(epsilon)

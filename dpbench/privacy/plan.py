@@ -5,6 +5,8 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass
 
+from torch import nn
+
 from dpbench.config import PrivacyConfig
 from dpbench.errors import ConfigurationError
 from dpbench.privacy.accountant import PrivacyAccountant
@@ -50,15 +52,24 @@ def validate_privacy_config(config: PrivacyConfig) -> None:
 
 
 def make_plan(
-    strategy: PrivatizerStrategy, config: PrivacyConfig, sampling_rate: float, steps: int
+    strategy: PrivatizerStrategy,
+    config: PrivacyConfig,
+    sampling_rate: float,
+    steps: int,
+    model: nn.Module | None = None,
 ) -> PrivacyPlan:
-    """Calibrate (or check) the noise for the whole run before the first step; sets the strategy's sigma."""
+    """Calibrate (or check) the noise for the whole run before the first step; sets the strategy's sigma.
+
+    With `model`, the strategy first fixes what its mechanisms depend on besides sigma (strategy.prepare).
+    """
     validate_privacy_config(config)
     if steps <= 0:
         raise ConfigurationError(f"the run has {steps} steps: raise epochs or max_steps")
     if not strategy.is_private:
         return PrivacyPlan(False, config.sampling, sampling_rate, steps, config.delta, None, None, None, False)
     accountant = PrivacyAccountant(eps_error=config.accountant_eps_error)
+    if model is not None:
+        strategy.prepare(model, steps, config.delta, config.epsilon, accountant)
     calibrated = config.noise_multiplier is None
     if calibrated:
         try:
