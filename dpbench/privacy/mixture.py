@@ -44,6 +44,12 @@ def _log_a_integer(q: float, sigmas: np.ndarray, alpha: int) -> np.ndarray:
     return special.logsumexp(terms, axis=1)
 
 
+def _geometric(start: float, stop: float, ratio: float) -> np.ndarray:
+    """start * ratio**k for the k that stay below stop (empty when start >= stop)."""
+    count = max(0, int(np.ceil(np.log(stop / start) / np.log(ratio))))
+    return start * ratio ** np.arange(count)
+
+
 class SubsampledGaussianMixturePRV(PrivacyRandomVariable):
     """Mixture of Poisson-subsampled Gaussian PRVs (remove direction, as prv-accountant's own PRV)."""
 
@@ -142,10 +148,8 @@ class SubsampledGaussianMixture(Mechanism):
     @cached_property
     def components(self) -> tuple[np.ndarray, np.ndarray, float]:
         eta = self.tail_mass()
-        far = eta * FAR_TAIL_RATIO ** np.arange(max(0, int(np.ceil(np.log(FAR_TAIL_END / eta) / np.log(FAR_TAIL_RATIO)))))
-        near_start = max(eta, FAR_TAIL_END)
-        count = max(0, int(np.ceil(np.log(GEOMETRIC_END / near_start) / np.log(GEOMETRIC_RATIO))))
-        near = near_start * GEOMETRIC_RATIO ** np.arange(count)
+        far = _geometric(eta, FAR_TAIL_END, FAR_TAIL_RATIO)
+        near = _geometric(max(eta, FAR_TAIL_END), GEOMETRIC_END, GEOMETRIC_RATIO)
         bulk = np.linspace(max(GEOMETRIC_END, eta), 1.0, BULK_BINS + 1)
         edges = np.unique(np.concatenate([[eta], far, near, bulk]))
         weights = np.diff(edges)
