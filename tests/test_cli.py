@@ -1,5 +1,7 @@
 """The CLI end to end: a short run, a named experiment, a two-job multirun, and the errors users must get."""
 
+import csv
+
 import pytest
 
 from tests.cli import FAST, dpbench, results
@@ -40,7 +42,7 @@ def test_named_experiment_and_shuffled_sampling_is_recorded(tmp_path):
 
 
 def test_two_job_multirun_writes_one_result_per_job(tmp_path):
-    run = dpbench("-m", "privatizer=nonprivate,vanilla", "max_steps=3", "batch_size=100",
+    run = dpbench("-m", "privatizer=nonprivate,vanilla", "max_steps=4", "batch_size=100", "profiler.warmup_steps=1",
                   "trainer.checkpoint=false", f"hydra.sweep.dir={tmp_path}", *FAST)
     assert run.returncode == 0, run.stderr[-3000:]
     jobs = sorted(p for p in tmp_path.iterdir() if (p / "results.json").exists())
@@ -49,6 +51,19 @@ def test_two_job_multirun_writes_one_result_per_job(tmp_path):
     assert nonprivate["epsilon"] is None and nonprivate["noise_multiplier"] is None
     assert vanilla["epsilon"] <= 3.0 and vanilla["noise_multiplier"] > 0
     assert all(results(p)["peak_memory_mb"] > 0 for p in jobs)
+    # the Hydra callback wrote the sweep report with each job's own figures
+    assert "dpbench sweep summary (2 runs)" in run.stdout
+    with (tmp_path / "report.csv").open() as handle:
+        rows = {row["label"]: row for row in csv.DictReader(handle)}
+    assert set(rows) == {"nonprivate", "vanilla"}
+    for job in (nonprivate, vanilla):
+        row = rows[job["privatizer"]]
+        assert float(row["test_value"]) == pytest.approx(job["test_accuracy"])
+        assert float(row["samples_per_s"]) == pytest.approx(job["samples_per_s"])
+        assert float(row["peak_memory_mb"]) == pytest.approx(job["peak_memory_mb"])
+    assert float(rows["vanilla"]["epsilon"]) == pytest.approx(vanilla["epsilon"])
+    assert rows["nonprivate"]["epsilon"] == ""
+    assert {"metric_vs_epsilon.png", "samples_per_s.png"} <= {p.name for p in tmp_path.iterdir()}
 
 
 @pytest.mark.parametrize(

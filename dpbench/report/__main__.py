@@ -1,0 +1,24 @@
+"""python -m dpbench.report DIR [DIR ...] [--out OUT]: table (markdown, CSV) and plots of runs and sweeps."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from dpbench.report.build import build_report
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("directories", nargs="+", type=Path, help="run directories, sweep directories, or both")
+    parser.add_argument("--out", type=Path, default=None, help="where to write (default: the first directory)")
+    args = parser.parse_args()
+    report = build_report(args.directories, args.out)
+    print(report["markdown"].read_text())
+    print(f"{len(report['rows'])} runs; wrote {report['markdown']}, {report['csv']}")
+    for plot in report["plots"]:
+        print(f"plot: {plot}")
+
+
+if __name__ == "__main__":
+    main()
