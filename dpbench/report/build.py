@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import math
 from collections import defaultdict
 from pathlib import Path
@@ -105,6 +106,21 @@ def _plot_throughput(table, path: Path) -> Path | None:
     return path
 
 
+def max_batch_markdown(directories: list[Path]) -> str:
+    """Table of `python -m dpbench.profile max_batch` results found under the directories."""
+    rows = []
+    for directory in directories:
+        for path in sorted(Path(directory).rglob("max_batch.json")):
+            rows += json.loads(path.read_text())
+    if not rows:
+        return ""
+    lines = ["", "Largest batch under a memory cap", "", "| privatizer | overrides | device | cap MB | max batch |",
+             "|---|---|---|---|---|"]
+    lines += [f"| {r['privatizer']} | {' '.join(r.get('overrides', []))} | {r['device']} | {r['cap_mb']:g} | "
+              f"{r['max_batch_size']} |" for r in rows]
+    return "\n".join(lines) + "\n"
+
+
 def build_report(directories: list[Path], out: Path | None = None) -> dict[str, Any]:
     """Write report.md, report.csv and plots into `out` (default: the first directory); return what was written."""
     rows = collect_results(directories)
@@ -115,7 +131,7 @@ def build_report(directories: list[Path], out: Path | None = None) -> dict[str, 
     extra = [k for k in swept_keys(rows) if k not in SHOWN and not k.startswith("privatizer.")]
     table = summarize(rows, extra)
     columns = [*COLUMNS[:5], *extra, *COLUMNS[5:]]
-    (out / "report.md").write_text(markdown(table, columns))
+    (out / "report.md").write_text(markdown(table, columns) + max_batch_markdown(directories))
     with (out / "report.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
