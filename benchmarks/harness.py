@@ -116,7 +116,7 @@ def save(name: str, payload: dict) -> Path:
     return path
 
 
-def arguments(description: str, rounds: int = 5, steps: int = 20, warmup: int = 5) -> argparse.Namespace:
+def arguments(description: str, rounds: int = 3, steps: int = 10, warmup: int = 3) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--steps", type=int, default=steps)

@@ -52,8 +52,14 @@ def _run_in_fresh_process(cfg: DictConfig, run_dir: Path) -> float | None:
         if kind == "config":
             raise ConfigurationError(message)
         raise RuntimeError(f"the run in {run_dir} failed:\n{message}")
-    results = read_results(run_dir)
-    return results.get(f"test_{results['test_metric']}")
+    return objective_value(read_results(run_dir))
+
+
+def objective_value(results: dict) -> float | None:
+    """What sweepers optimize: the validation metric when a validation split exists, else the test metric."""
+    metric = results["test_metric"]
+    validation = results.get(f"validation_{metric}")
+    return validation if validation is not None else results.get(f"test_{metric}")
 
 
 def _objective(cfg: DictConfig) -> float | None:
@@ -65,8 +71,7 @@ def _objective(cfg: DictConfig) -> float | None:
         return _run_in_fresh_process(cfg, run_dir)
     from dpbench.run import run_experiment
 
-    results = run_experiment(cfg, run_dir)
-    return results.get(f"test_{results['test_metric']}")
+    return objective_value(run_experiment(cfg, run_dir))
 
 
 register_schemas()

@@ -23,12 +23,19 @@ class PrivacyConfig:
     sampling: str = "poisson"
     """poisson (what the accountant assumes) | shuffle (fixed batches; recorded in results)."""
     accountant_eps_error: float = 0.01
+    stop_on_budget: bool = False
+    """Stop training at the last step whose composed epsilon stays within `epsilon` (for a fixed noise_multiplier)."""
+    secure_rng: bool = False
+    """Draw the noise from the OS CSPRNG (os.urandom) rather than a seeded PRNG."""
 
 
 @dataclass
 class TrainerConfig:
     accelerator: str = "auto"
     devices: Any = 1
+    strategy: str = "auto"
+    """Lightning strategy, e.g. ddp: each rank Poisson-samples its shard; sums meet in one all-reduce, noised once."""
+    num_nodes: int = 1
     precision: str = "32-true"
     enable_progress_bar: bool = True
     log_every_n_steps: int = 10
@@ -82,6 +89,8 @@ def register_schemas() -> None:
 
 def validated(schema: type, config: DictConfig | dict, group: str) -> Any:
     """Merge a config node into its dataclass schema so that a mistyped key is an error, not a default."""
+    if isinstance(config, DictConfig):  # resolve interpolations to other groups (data.tokenizer: ${model.tokenizer})
+        config = OmegaConf.to_container(config, resolve=True)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), config)
     except (ConfigKeyError, ValidationError) as error:

@@ -20,9 +20,10 @@ from dpbench.data import load_data
 from dpbench.errors import ConfigurationError
 from dpbench.models import build_model
 from dpbench.privacy.accountant import PrivacyAccountant
+from dpbench.privacy.budget import steps_within_budget
 from dpbench.privacy.ledger import PrivacyLedger
-from dpbench.privacy.plan import make_plan
-from dpbench.privatizers import PrivacySettings, make_strategy
+from dpbench.privacy.plan import PrivacyPlan, make_plan
+from dpbench.privatizers import PrivacySettings, PrivatizerStrategy, make_strategy
 from dpbench.profiling import ProfilerCallback
 from dpbench.results import RESULTS_FILE, summary_text, write_json_atomic
 from dpbench.training.callbacks import EpsilonLogger
@@ -32,6 +33,24 @@ from dpbench.training.module import DPModule
 
 log = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
+LEDGER_FILE = "privacy_ledger.json"
+
+
+def _steps_within_budget(typed: Config, plan: PrivacyPlan, strategy: PrivatizerStrategy, steps: int) -> int:
+    """privacy.stop_on_budget with a fixed noise multiplier: train only the steps the epsilon budget covers."""
+    if not (typed.privacy.stop_on_budget and plan.private and not plan.calibrated and typed.privacy.epsilon):
+        return steps
+    budget = steps_within_budget(
+        lambda t: strategy.composition(plan.noise_multiplier, t), typed.privacy.epsilon, typed.privacy.delta,
+        steps, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error),
+    )
+    if budget == 0:
+        raise ConfigurationError(
+            f"privacy.epsilon={typed.privacy.epsilon} does not cover a single step at noise multiplier "
+            f"{plan.noise_multiplier}"
+        )
+    log.info("privacy.stop_on_budget: training %d of %d steps", budget, steps)
+    return budget
 
 
 def _loggers(cfg: DictConfig, run_dir: Path, tags: list[str]) -> list[Logger]:
@@ -82,11 +101,14 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     datamodule = DPDataModule(data, typed.batch_size, typed.privacy.sampling, typed.seed, typed.eval_batch_size)
     steps = typed.max_steps or typed.epochs * datamodule.steps_per_epoch
     sampling_rate = datamodule.sampling_rate
-    privacy = PrivacySettings(typed.privacy.clip_norm, sampling_rate, typed.privacy.noise_multiplier, typed.seed)
+    privacy = PrivacySettings(
+        typed.privacy.clip_norm, sampling_rate, typed.privacy.noise_multiplier, typed.seed, typed.privacy.secure_rng
+    )
     strategy = make_strategy(cfg.privatizer, privacy)
-    plan = make_plan(strategy, typed.privacy, sampling_rate, steps)
-
     model = build_model(cfg.model, data)
+    plan = make_plan(strategy, typed.privacy, sampling_rate, steps, model)
+    budget_steps = _steps_within_budget(typed, plan, strategy, steps)
+
     ledger = PrivacyLedger(typed.privacy.delta, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error))
     module = DPModule(
         model, data.task, strategy, typed.optimizer, ledger, typed.batch_size, typed.physical_batch_size
@@ -103,9 +125,11 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     trainer = L.Trainer(
         accelerator=typed.trainer.accelerator,
         devices=typed.trainer.devices,
+        strategy=typed.trainer.strategy,
+        num_nodes=typed.trainer.num_nodes,
         precision=typed.trainer.precision,
         max_epochs=-1 if typed.max_steps else typed.epochs,
-        max_steps=steps,
+        max_steps=budget_steps,
         logger=loggers or False,
         callbacks=callbacks,
         enable_checkpointing=typed.trainer.checkpoint,
@@ -122,9 +146,17 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*TensorBoard.*")
-        trainer.fit(module, datamodule=datamodule, ckpt_path=_resume_checkpoint(cfg, run_dir))
+        try:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=_resume_checkpoint(cfg, run_dir))
+        except (torch.OutOfMemoryError, MemoryError) as error:
+            raise ConfigurationError(
+                f"out of memory at batch_size={typed.batch_size} ({type(error).__name__}). Keep the logical batch "
+                f"(and the privacy guarantee) and run it in micro-batches: physical_batch_size="
+                f"{max(1, typed.batch_size // 4)} (noise is still added once per logical batch)"
+            ) from None
         wall = time.perf_counter() - started
         tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
+        validated_metrics = trainer.validate(module, datamodule=datamodule, verbose=False)[0] if data.validation else {}
 
     report = ledger.epsilon() if plan.private else None
     metric = module.task.metric_name
@@ -153,6 +185,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "test_metric": metric,
         f"test_{metric}": float(tested[f"test/{metric}"]),
         "test_loss": float(tested["test/loss"]),
+        f"validation_{metric}": float(validated_metrics[f"val/{metric}"]) if validated_metrics else None,
+        "validation_size": len(data.validation) if data.validation else 0,
         "samples_per_s": profiler.samples_per_s,
         "step_time_s": profiler.summary().get("profile/step_time_s"),
         "peak_memory_mb": memory.peak_mb if memory else None,
@@ -164,11 +198,20 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "run_dir": str(run_dir),
         "config": OmegaConf.to_container(cfg, resolve=True),
     }
+    if plan.private:
+        results.update(strategy.privacy_report(ledger.steps, typed.privacy.delta))
     if plan.sampling != "poisson":
         results["accounting_note"] = (
             "shuffled fixed-size batches: the epsilon is the Poisson-subsampling figure, which such batches do "
             "not strictly satisfy"
         )
+    results["stopped_on_budget"] = budget_steps < steps
+    results["planned_steps"] = steps
+    results["secure_rng"] = typed.privacy.secure_rng
+    if not trainer.is_global_zero:  # the ledger is identical on every rank: rank 0 reports it once
+        return results
+    if plan.private:
+        write_json_atomic(run_dir / LEDGER_FILE, ledger.to_json(strategy.name))
     write_json_atomic(run_dir / RESULTS_FILE, results)
     _finish_wandb(loggers, results)
     print(summary_text(results), flush=True)

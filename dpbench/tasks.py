@@ -50,3 +50,22 @@ class ClassificationTask:
         loss = F.cross_entropy(logits, targets, reduction="sum")
         correct = (logits.argmax(dim=-1) == targets).sum()
         return float(loss), float(correct), int(targets.shape[0])
+
+
+class NegativeSamplingTask:
+    """Word2vec with negative sampling: the model returns (positive, negative) scores of each sample.
+
+    loss_i = -mean_j log s(pos_ij) - sum_n log s(-neg_in) (Mikolov et al. 2013; one positive for CBOW, the
+    context words for skip-gram). The metric is the loss itself.
+    """
+
+    metric_name = "loss"
+
+    def per_sample_loss(self, forward: Forward, batch: Batch) -> Tensor:
+        positive, negative = forward(batch[0])
+        return -F.logsigmoid(positive).mean(1) - F.logsigmoid(-negative).sum(1)
+
+    @torch.no_grad()
+    def metric_counts(self, forward: Forward, batch: Batch) -> tuple[float, float, int]:
+        loss = float(self.per_sample_loss(forward, batch).sum())
+        return loss, loss, batch_size_of(batch)

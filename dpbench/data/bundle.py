@@ -51,6 +51,8 @@ class DataBundle:
     source: str = ""
     task: Task = field(default_factory=ClassificationTask)
     """The loss and metric this data is trained and tested with."""
+    validation: TensorSplit | None = None
+    """Carved from the training data when data.validation_size is set (for tuning); else evaluation uses test."""
 
     def __post_init__(self) -> None:
         if len(self.train) == 0:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
 from omegaconf import DictConfig
 from torch import nn
 
@@ -12,6 +13,9 @@ from dpbench.config import validated
 from dpbench.data import DataBundle
 from dpbench.errors import ConfigurationError
 from dpbench.models.cnn import CNNConfig, LargeCNN, LargeCNNConfig, TFPrivacyCNN
+from dpbench.models.hf import TextTransformerConfig, ViTModelConfig, build_minilm, build_opt, build_roberta, build_vit
+from dpbench.models.lstm import LSTMClassifier, LSTMConfig
+from dpbench.models.word2vec import Word2VecConfig, build_word2vec
 
 
 def _image_shape(data: DataBundle, model_name: str) -> tuple[int, int]:
@@ -33,9 +37,21 @@ def _cnn_large(config: LargeCNNConfig, data: DataBundle) -> nn.Module:
     )
 
 
+def _lstm(config: LSTMConfig, data: DataBundle) -> nn.Module:
+    if data.vocab_size is None or not isinstance(data.train.features, torch.Tensor):
+        raise ConfigurationError(f"model=lstm needs word-id data (e.g. data=rotten_tomatoes); data={data.name} is not")
+    return LSTMClassifier(data.vocab_size, data.num_classes, config)
+
+
 MODELS: dict[str, tuple[type, Callable[[Any, DataBundle], nn.Module]]] = {
     "cnn": (CNNConfig, _cnn),
     "cnn_large": (LargeCNNConfig, _cnn_large),
+    "lstm": (LSTMConfig, _lstm),
+    "vit": (ViTModelConfig, build_vit),
+    "roberta": (TextTransformerConfig, build_roberta),
+    "opt": (TextTransformerConfig, build_opt),
+    "minilm": (TextTransformerConfig, build_minilm),
+    "word2vec": (Word2VecConfig, build_word2vec),
 }
 
 

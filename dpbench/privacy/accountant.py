@@ -79,7 +79,7 @@ class PrivacyAccountant:
             except FutureTimeout:
                 reason = f"PRV accountant exceeded {self.timeout_s:.0f} s"
                 pool.shutdown(wait=False, cancel_futures=True)
-            except (ValueError, FloatingPointError, OverflowError, ArithmeticError, MemoryError) as error:
+            except (ValueError, RuntimeError, FloatingPointError, OverflowError, ArithmeticError, MemoryError) as error:
                 reason = f"PRV accountant failed: {error!r}"
         if reason is None:
             return EpsilonReport(upper, estimate, "prv")

@@ -15,6 +15,8 @@ class PrivacyLedger:
         self.delta = delta
         self.accountant = accountant or PrivacyAccountant()
         self.entries: list[tuple[Mechanism, int]] = []
+        self.epsilon_history: list[tuple[int, float]] = []
+        """(steps, epsilon spent) at each epoch end: what the run had spent when."""
 
     @property
     def steps(self) -> int:
@@ -35,8 +37,23 @@ class PrivacyLedger:
         return self.accountant.epsilon(self.composition(), self.delta)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"delta": self.delta, "entries": [(m.to_dict(), n) for m, n in self.entries]}
+        return {
+            "delta": self.delta,
+            "entries": [(m.to_dict(), n) for m, n in self.entries],
+            "epsilon_history": list(self.epsilon_history),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.delta = state["delta"]
         self.entries = [(mechanism_from_dict(m), n) for m, n in state["entries"]]
+        self.epsilon_history = [tuple(item) for item in state.get("epsilon_history", [])]
+
+    def to_json(self, strategy: str) -> dict[str, Any]:
+        """Per-step record: each run of identical steps with its mechanism, and epsilon spent over time."""
+        rows, start = [], 0
+        for mechanism, count in self.entries:
+            rows.append({"strategy": strategy, "first_step": start, "last_step": start + count - 1,
+                         "mechanism": mechanism.to_dict()})
+            start += count
+        history = [{"steps": steps, "epsilon": epsilon} for steps, epsilon in self.epsilon_history]
+        return {"delta": self.delta, "steps": self.steps, "mechanisms": rows, "epsilon_spent": history}

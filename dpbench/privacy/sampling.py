@@ -16,10 +16,14 @@ def _epoch_generator(seed: int, epoch: int) -> torch.Generator:
 class PoissonBatchSampler(Sampler[list[int]]):
     """Each sample joins each batch independently with probability q; batches may be empty.
 
-    An epoch has round(1/q) steps, so the expected number of samples per epoch is the data set size.
+    An epoch has round(1/q) steps, so the expected number of samples per epoch is the data set size. Under data
+    parallelism rank r samples only indices r, r + W, ...: every sample is still included with probability q, once.
     """
 
-    def __init__(self, num_samples: int, sampling_rate: float, seed: int, steps_per_epoch: int | None = None):
+    def __init__(
+        self, num_samples: int, sampling_rate: float, seed: int, steps_per_epoch: int | None = None,
+        rank: int = 0, world_size: int = 1,
+    ):
         if num_samples <= 0:
             raise ValueError("Poisson sampling needs a non-empty data set")
         if not 0.0 < sampling_rate <= 1.0:
@@ -29,6 +33,8 @@ class PoissonBatchSampler(Sampler[list[int]]):
         self.seed = seed
         self.steps_per_epoch = steps_per_epoch or max(1, round(1.0 / sampling_rate))
         self.epoch = 0
+        self.rank = rank
+        self.shard = torch.arange(rank, num_samples, world_size)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -37,10 +43,10 @@ class PoissonBatchSampler(Sampler[list[int]]):
         return self.steps_per_epoch
 
     def __iter__(self) -> Iterator[list[int]]:
-        generator = _epoch_generator(self.seed, self.epoch)
+        generator = _epoch_generator(self.seed + 7919 * self.rank, self.epoch)
         for _ in range(self.steps_per_epoch):
-            mask = torch.rand(self.num_samples, generator=generator) < self.sampling_rate
-            yield mask.nonzero().flatten().tolist()
+            mask = torch.rand(len(self.shard), generator=generator) < self.sampling_rate
+            yield self.shard[mask].tolist()
 
 
 class ShuffledBatchSampler(Sampler[list[int]]):

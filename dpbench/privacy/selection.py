@@ -72,6 +72,14 @@ class SubsampledSelectionGaussianPRV(PrivacyRandomVariable):
         out[z == np.inf] = 1.0
         return np.clip(out, 0.0, 1.0).reshape(t.shape)
 
+    def probability(self, a, b):
+        """cdf(b) - cdf(a); on a grid of adjacent cells (b[i] == a[i+1]) the cdf is evaluated once per edge."""
+        a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+        if a.ndim == 1 and a.size > 1 and np.array_equal(a[1:], b[:-1]):
+            edges = self.cdf(np.concatenate([a, b[-1:]]))
+            return edges[1:] - edges[:-1]
+        return self.cdf(b) - self.cdf(a)
+
     def _log_mgf_p(self, lam: float) -> float:
         """log E_P[exp(lam S)] before subsampling."""
         value = 0.0
@@ -135,6 +143,9 @@ class Theorem3Bound:
     step_selection_epsilon: float
     assumption_holds: bool
     """b/n (eps' + sqrt(2 log(1.25/delta'))/sigma) <= 1/sqrt(T), under which the theorem's closed form applies."""
+    lemmas_hold: bool
+    """eps' + sqrt(2 log(1.25/delta'))/sigma <= 1: the proof's Lemma 1 (amplification) and Lemma 3 (Gaussian) need
+    per-step epsilons of at most 1; beyond that the figure is not a valid bound."""
 
 
 def theorem3_bound(sampling_rate: float, steps: int, sigma: float | None, draw_epsilon: float, draws: int,
@@ -152,4 +163,5 @@ def theorem3_bound(sampling_rate: float, steps: int, sigma: float | None, draw_e
     epsilon = steps * per_step * math.expm1(per_step) + per_step * math.sqrt(
         2 * steps * math.log(1 / (steps * per_step_delta))
     )
-    return Theorem3Bound(epsilon, delta_prime, step_selection, per_step <= 1 / math.sqrt(steps))
+    return Theorem3Bound(epsilon, delta_prime, step_selection, per_step <= 1 / math.sqrt(steps),
+                         step_selection + gaussian <= 1 and gaussian <= 1)

@@ -18,6 +18,7 @@ from torch.utils._pytree import tree_map
 
 from dpbench.optim import build_optimizer
 from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussian
+from dpbench.privatizers import distributed
 from dpbench.privatizers.noise import GaussianNoise
 from dpbench.privatizers.per_sample import trainable_parameters
 from dpbench.tasks import Batch, Task, batch_size_of
@@ -31,6 +32,8 @@ class PrivacySettings:
     sampling_rate: float
     noise_multiplier: float | None
     seed: int
+    secure_rng: bool = False
+    """Noise from the OS CSPRNG instead of the seeded generator."""
 
 
 @dataclass
@@ -83,7 +86,7 @@ class PrivatizerStrategy(ABC):
     def __init__(self, config: Any, privacy: PrivacySettings):
         self.config = config
         self.privacy = privacy
-        self.noise = GaussianNoise(seed=privacy.seed)
+        self.noise = GaussianNoise(seed=privacy.seed, secure=privacy.secure_rng)
 
     # -- privacy ---------------------------------------------------------------------------------------------
     @property
@@ -99,6 +102,13 @@ class PrivatizerStrategy(ABC):
     def composition(self, noise_multiplier: float, steps: int) -> Composition:
         """A whole run's composition for base sigma `noise_multiplier`: what calibration searches over."""
         return [(SubsampledGaussian(self.privacy.sampling_rate, noise_multiplier), steps)]
+
+    def prepare(self, model: nn.Module, steps: int, delta: float, epsilon: float | None, accountant: Any) -> None:
+        """Fix what the run's privacy depends on besides sigma (e.g. sparse's selection budget), before calibration."""
+
+    def privacy_report(self, steps: int, delta: float) -> dict[str, Any]:
+        """Strategy-specific privacy figures for results.json (e.g. a paper's closed-form bound beside the PRV's)."""
+        return {}
 
     # -- training --------------------------------------------------------------------------------------------
     def attach(self, model: nn.Module) -> None:
@@ -137,14 +147,20 @@ class PrivatizerStrategy(ABC):
         optimizer.step()
 
     # -- shared pieces ---------------------------------------------------------------------------------------
+    def noised_sum(self, local_sum: Tensor, std: float) -> Tensor:
+        """This rank's clipped sum -> the global sum plus N(0, std^2) drawn once (rank 0), identical on all ranks."""
+        if distributed.rank() == 0:
+            self.noise.to(local_sum.device)
+            local_sum = local_sum + self.noise.sample_like(local_sum, std)
+        return distributed.all_reduce_sum(local_sum)
+
     def write_noisy_mean(self, model: nn.Module, clipped_sums: dict[str, Tensor], ctx: StepContext) -> None:
         """grad = (sum of clipped contributions + N(0, (sigma C)^2)) / expected batch size, for every parameter."""
         std = self.noise_multiplier * self.privacy.clip_norm
         for name, param in trainable_parameters(model).items():
-            self.noise.to(param.device)
             total = clipped_sums.get(name)
             total = torch.zeros_like(param) if total is None else total.to(param.dtype)
-            param.grad = (total + self.noise.sample_like(param, std)).div_(ctx.expected_batch_size)
+            param.grad = self.noised_sum(total, std).div_(ctx.expected_batch_size)
 
     def state_dict(self) -> dict[str, Any]:
         return {"noise": self.noise.state_dict()}

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from torch import nn
 
 from dpbench.privacy.mechanisms import Composition, Mechanism
+from dpbench.privatizers import distributed
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.tasks import Batch, Task, batch_size_of
 
@@ -39,8 +41,13 @@ class NonPrivate(PrivatizerStrategy):
         return float(loss.detach()), {"batch_size": float(size)}
 
     def finalize(self, model: nn.Module, ctx: StepContext) -> None:
-        """Mean over the samples actually seen (accumulated .grad holds the sum)."""
+        """Mean over the samples actually seen on all ranks (accumulated .grad holds this rank's sum)."""
+        samples = float(distributed.all_reduce_sum(torch.tensor(float(self._samples))))
         for param in model.parameters():
-            if param.grad is not None and self._samples:
-                param.grad.div_(self._samples)
+            if param.requires_grad:
+                if param.grad is None:
+                    param.grad = torch.zeros_like(param)
+                distributed.all_reduce_sum(param.grad)
+                if samples:
+                    param.grad.div_(samples)
         self._samples = 0

@@ -17,5 +17,6 @@ class EpsilonLogger(L.Callback):
 
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         report = self.accountant.epsilon(self.ledger.composition(), self.ledger.delta)
+        self.ledger.epsilon_history.append((self.ledger.steps, report.epsilon))
         pl_module.log("privacy/epsilon_spent", report.epsilon, prog_bar=True)
         pl_module.log("privacy/steps", float(self.ledger.steps))

@@ -6,6 +6,7 @@ import lightning as L
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
 from dpbench.data import DataBundle, identity_collate
+from dpbench.errors import ConfigurationError
 from dpbench.privacy.sampling import PoissonBatchSampler, ShuffledBatchSampler
 
 
@@ -23,8 +24,11 @@ class DPDataModule(L.LightningDataModule):
         return self.batch_size / len(self.data.train)
 
     def train_batch_sampler(self) -> PoissonBatchSampler | ShuffledBatchSampler:
+        rank, world = (self.trainer.global_rank, self.trainer.world_size) if self.trainer is not None else (0, 1)
         if self.sampling == "poisson":
-            return PoissonBatchSampler(len(self.data.train), self.sampling_rate, self.seed)
+            return PoissonBatchSampler(len(self.data.train), self.sampling_rate, self.seed, rank=rank, world_size=world)
+        if world > 1:
+            raise ConfigurationError("privacy.sampling=shuffle runs on one process only; use poisson under DDP")
         return ShuffledBatchSampler(len(self.data.train), self.batch_size, self.seed)
 
     @property
@@ -39,7 +43,7 @@ class DPDataModule(L.LightningDataModule):
         return DataLoader(split, batch_sampler=sampler, collate_fn=identity_collate)
 
     def val_dataloader(self) -> DataLoader:
-        return self._eval_loader(self.data.test)
+        return self._eval_loader(self.data.validation if self.data.validation is not None else self.data.test)
 
     def test_dataloader(self) -> DataLoader:
         return self._eval_loader(self.data.test)

@@ -7,7 +7,7 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_map
 
-from dpbench.privatizers.clipping import clip_factors
+from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.tasks import Batch, Task
 
@@ -37,10 +37,13 @@ class FunctorchEngine:
         per_sample = vmap(grad(sample_loss), in_dims=(None, 0, 0), randomness="different", chunk_size=self.chunk_size)
         return per_sample(trainable, inputs, targets)
 
-    def clipped_sum(self, task: Task, batch: Batch, clip_norm: float) -> ClippedSum:
+    def clipped_sum(
+        self, task: Task, batch: Batch, clip_norm: float, factor_fn: FactorFn = clip_factors
+    ) -> ClippedSum:
+        """sum_i factor_i g_i; factor_fn gives the per-sample factors (default: clip to C; D2P2: automatic)."""
         per_sample = self.per_sample_gradients(task, batch)
         norms = torch.stack([g.flatten(1).pow(2).sum(1) for g in per_sample.values()]).sum(0).sqrt()
-        factors = clip_factors(norms, clip_norm)
+        factors = factor_fn(norms, clip_norm)
         finite = torch.isfinite(norms)
         grads = {}
         for name, g in per_sample.items():

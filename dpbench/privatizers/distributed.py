@@ -1,0 +1,27 @@
+"""Data-parallel pieces: every rank clips its own samples; the sums meet in one all-reduce; rank 0 alone adds noise.
+
+So a logical step is noised exactly once whatever the number of ranks, and every rank ends with the same update.
+"""
+
+from __future__ import annotations
+
+import torch.distributed as dist
+from torch import Tensor
+
+
+def is_distributed() -> bool:
+    return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
+
+
+def rank() -> int:
+    return dist.get_rank() if is_distributed() else 0
+
+
+def world_size() -> int:
+    return dist.get_world_size() if is_distributed() else 1
+
+
+def all_reduce_sum(tensor: Tensor) -> Tensor:
+    if is_distributed():
+        dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
+    return tensor

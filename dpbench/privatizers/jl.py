@@ -1,0 +1,187 @@
+"""DP-SGD-JL / DP-Adam-JL (Bu et al. 2021, Algorithms 1-2): per-sample gradient norms from r JL projections.
+
+Each step draws r standard Gaussian directions v_j over all trainable parameters and computes, in forward mode,
+the Jacobian-vector products P_ij = <grad loss_i, v_j> of the per-sample loss vector; M_i = sqrt(mean_j P_ij^2)
+estimates ||grad loss_i|| (unbiased in the square). The losses are reweighted by min(1, C / M_i) and one backward
+pass gives the clipped sum; Gaussian noise sigma*C is added once per logical step. Nothing per-sample is ever
+materialized, so it is black-box for any model and its memory stays close to non-private training.
+
+The sensitivity is random (C * sqrt(r / chi2_r)), so each step is accounted as the chi-square mixture of
+subsampled Gaussians of Theorems 2.2-2.3 (dpbench.privacy.mixture), never as the plain subsampled Gaussian.
+
+Speed: the first direction runs as a dual forward pass whose primal keeps its autograd graph, so the backward
+reuses that forward; the other directions are batched with vmap over the tangents. Recurrent layers are the
+exception: their fused CPU / GPU kernels (oneDNN, cuDNN) have neither forward-mode AD nor vmap rules, so for models
+with nn.RNNBase all r directions run in a separate no-grad pass, with each nn.LSTM in plain tensor ops (about twice
+as fast as the native kernel here, and batched over the directions) and other RNNs on their native kernels, while
+the backward keeps the fast fused kernel (random ops such as dropout replay the same stream in both passes).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+import torch
+import torch.autograd.forward_ad as fwad
+from torch import Tensor, nn
+from torch.func import functional_call, jvp, vmap
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from dpbench.errors import ConfigurationError
+from dpbench.privacy.mechanisms import Composition, Mechanism
+from dpbench.privacy.mixture import SubsampledGaussianMixture
+from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepContext
+from dpbench.privatizers.clipping import clip_factors, clipping_stats
+from dpbench.privatizers.noise import GaussianNoise
+from dpbench.privatizers.per_sample import refuse_sample_mixing_layers, trainable_parameters
+from dpbench.privatizers.per_sample.recurrent import lstm_forward
+from dpbench.tasks import Batch, Task, batch_size_of
+
+
+@dataclass
+class JLConfig:
+    name: str = "jl"
+    projections: int = 1
+    """r, the number of JL directions per step: more is slower but estimates norms better (and costs less epsilon)."""
+    chunk_size: int | None = 4
+    """Directions batched per vmap call: faster when larger, but the jvp pass holds about chunk_size times a
+    forward pass's activations (1: memory close to non-private training); null batches all r at once."""
+
+
+@contextlib.contextmanager
+def plain_lstms(model: nn.Module) -> Iterator[None]:
+    """Run every nn.LSTM in plain tensor ops: unlike the native kernel, vmap batches them over the directions."""
+    lstms = [module for module in model.modules() if isinstance(module, nn.LSTM)]
+    for module in lstms:
+        module.forward = functools.partial(lstm_forward, module)
+    try:
+        yield
+    finally:
+        for module in lstms:
+            del module.forward
+
+
+@contextlib.contextmanager
+def forward_ad_kernels(model: nn.Module, recurrent: bool) -> Iterator[None]:
+    """Kernels with forward-mode AD: math attention (fused CPU attention has none) and, for recurrent models, plain
+    LSTMs and the native kernels of other RNNs (oneDNN and cuDNN have none; they would slow convolutions, hence
+    only then)."""
+    with contextlib.ExitStack() as stack:
+        stack.enter_context(sdpa_kernel(SDPBackend.MATH))
+        if recurrent:
+            stack.enter_context(plain_lstms(model))
+            stack.enter_context(warnings.catch_warnings())
+            warnings.filterwarnings("ignore", ".*TF32 acceleration on top of oneDNN.*")  # a CPU build's notice
+            stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
+            stack.enter_context(torch.backends.cudnn.flags(enabled=False))
+        yield
+
+
+class JL(PrivatizerStrategy):
+    name = "jl"
+
+    def __init__(self, config: JLConfig, privacy: PrivacySettings):
+        super().__init__(config, privacy)
+        if config.projections < 1:
+            raise ConfigurationError(f"privatizer.projections (r) must be at least 1, got {config.projections}")
+        if config.chunk_size is not None and config.chunk_size < 1:
+            raise ConfigurationError(f"privatizer.chunk_size must be positive or null, got {config.chunk_size}")
+        # a generator of its own: directions never share a stream with the noise (seeds mixed apart)
+        self.directions = GaussianNoise(seed=(privacy.seed + 1) * 2_654_435_761 % 2**63)
+
+    # -- privacy ---------------------------------------------------------------------------------------------
+    def mechanism(self, noise_multiplier: float) -> SubsampledGaussianMixture:
+        """Theorem B.7: sensitivity C * sqrt(r / chi2_r) under noise sigma * C, Poisson-subsampled."""
+        return SubsampledGaussianMixture(self.privacy.sampling_rate, noise_multiplier, self.config.projections, 1.0)
+
+    def step_mechanisms(self, step: int) -> list[Mechanism]:
+        return [self.mechanism(self.noise_multiplier)]
+
+    def composition(self, noise_multiplier: float, steps: int) -> Composition:
+        return [(self.mechanism(noise_multiplier), steps)]
+
+    # -- training --------------------------------------------------------------------------------------------
+    def attach(self, model: nn.Module) -> None:
+        refuse_sample_mixing_layers(model)
+        self.recurrent = any(isinstance(module, nn.RNNBase) for module in model.modules())
+        self._sums: dict[str, Tensor] = {}
+
+    def _draw(self, params: dict[str, Tensor], count: int) -> dict[str, Tensor]:
+        """`count` standard Gaussian directions over all trainable parameters: (count, *shape) per parameter."""
+        device = next(iter(params.values())).device
+        self.directions.to(device)
+        return {
+            name: torch.randn((count, *p.shape), generator=self.directions.generator, device=device, dtype=p.dtype)
+            for name, p in params.items()
+        }
+
+    def _jvp_chunks(self, model: nn.Module, task: Task, batch: Batch, params: dict[str, Tensor], count: int) -> Tensor:
+        """(B, count) projections <grad loss_i, v_j>, without an autograd graph, directions batched by vmap."""
+        def losses(values: dict[str, Tensor]) -> Tensor:
+            return task.per_sample_loss(lambda x: functional_call(model, values, (x,)), batch)
+
+        def project(tangents: dict[str, Tensor]) -> Tensor:
+            return jvp(losses, (params,), (tangents,))[1]
+
+        size = self.config.chunk_size or count
+        parts = []
+        with torch.no_grad():
+            for start in range(0, count, size):
+                tangents = self._draw(params, min(size, count - start))
+                parts.append(vmap(project, randomness="same")(tangents))
+        if not parts:
+            return torch.zeros(batch_size_of(batch), 0, device=next(iter(params.values())).device)
+        return torch.cat(parts).T
+
+    def projections(self, model: nn.Module, task: Task, batch: Batch) -> tuple[Tensor, Tensor]:
+        """Per-sample losses (with their autograd graph) and the (B, r) JL projections of their gradients."""
+        trainable = trainable_parameters(model)
+        detached = {name: p.detach() for name, p in trainable.items()}
+        batched = self.config.projections if self.recurrent else self.config.projections - 1
+        with torch.random.fork_rng(devices=self._devices(model)), forward_ad_kernels(model, self.recurrent):
+            projected = self._jvp_chunks(model, task, batch, detached, batched)  # the pass below replays its randomness
+        if self.recurrent:
+            return task.per_sample_loss(model, batch), projected
+        first = self._draw(detached, 1)
+        with fwad.dual_level(), forward_ad_kernels(model, recurrent=False):
+            duals = {name: fwad.make_dual(p, first[name][0]) for name, p in trainable.items()}
+            dual_losses = task.per_sample_loss(lambda x: functional_call(model, duals, (x,)), batch)
+            losses, tangent = fwad.unpack_dual(dual_losses)
+        return losses, torch.cat([tangent.detach().unsqueeze(1), projected], dim=1)
+
+    @staticmethod
+    def _devices(model: nn.Module) -> list[int]:
+        return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+    def reweighted_sum(self, model: nn.Module, losses: Tensor, norms: Tensor) -> dict[str, Tensor]:
+        """sum_i min(1, C / norms_i) grad loss_i by one backward pass (exact clipping when norms are exact)."""
+        trainable = trainable_parameters(model)
+        factors = clip_factors(norms.detach(), self.privacy.clip_norm)
+        safe = torch.where(factors > 0, losses, torch.zeros_like(losses))  # a non-finite loss must not poison the sum
+        grads = torch.autograd.grad((safe * factors).sum(), list(trainable.values()), allow_unused=True)
+        return {name: torch.zeros_like(p) if g is None else g for (name, p), g in zip(trainable.items(), grads,
+                                                                                       strict=True)}
+
+    def accumulate(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> tuple[float, dict]:
+        if batch_size_of(batch) == 0:  # an empty Poisson batch is still a step: noise only
+            return 0.0, {"batch_size": 0.0}
+        losses, projected = self.projections(model, task, batch)
+        estimates = projected.pow(2).mean(1).sqrt()
+        for name, grad in self.reweighted_sum(model, losses, estimates).items():
+            self._sums[name] = self._sums[name] + grad if name in self._sums else grad
+        return float(losses.detach().sum()), clipping_stats(estimates, self.privacy.clip_norm)
+
+    def finalize(self, model: nn.Module, ctx: StepContext) -> None:
+        self.write_noisy_mean(model, self._sums, ctx)
+        self._sums = {}
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "directions": self.directions.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        super().load_state_dict(state)
+        self.directions.load_state_dict(state["directions"])

@@ -1,0 +1,206 @@
+"""GRAPE's seeded random projections, and the hook engine that projects per-sample gradients as it forms them.
+
+A weight W of shape m x n (nn.Linear, HF Conv1D) is projected on its smaller side by a Gaussian matrix with
+N(0, 1/r) entries: P (m x r) on the left, giving P^T W (r x n), when m <= n; else Q (n x r) on the right, giving
+W Q (m x r). E[P P^T] = I, so mapping back with the same matrix is unbiased. Matrices are regenerated from
+(seed, window, layer) whenever needed, never stored, and change every `update_every` steps; their generator is
+separate from the noise's and from the global RNG.
+
+The per-sample gradient of W is sum_t rows_t cols_t^T (rows: output gradients, cols: inputs, for nn.Linear), so
+its projection is sum_t (P^T rows_t) cols_t^T or rows_t (Q^T cols_t): the engine projects the (B, T, .) factors
+first and never builds the B x m x n per-sample gradient. It does so during the backward pass, layer by layer, so
+that the full output gradients of projected layers are never all held at once (the paper's Algorithm 1).
+"""
+
+from __future__ import annotations
+
+import math
+from collections import Counter
+from dataclasses import dataclass
+from functools import partial
+
+import numpy as np
+import torch
+from torch import Tensor, nn
+
+from dpbench.errors import ConfigurationError
+from dpbench.privatizers.per_sample.hooks import HookEngine
+from dpbench.privatizers.per_sample.layers import (
+    SiteMap,
+    handler_for,
+    linear_sites,
+    matrix_factors,
+    outer_product_site,
+)
+from dpbench.privatizers.per_sample.sites import DenseSite
+from dpbench.tasks import Batch, Task, batch_size_of
+
+PROJECTION_STREAM = 0x6772617065
+"""Mixed into every projection seed ("grape"), so projections never share a stream with the noise."""
+
+
+@dataclass(frozen=True)
+class ProjectionSpec:
+    index: int
+    """Position among the projected weights: part of the seed."""
+    shape: tuple[int, int]
+    rank: int
+
+    @property
+    def left(self) -> bool:
+        """Project the rows (m <= n) or the columns."""
+        return self.shape[0] <= self.shape[1]
+
+    @property
+    def projected_shape(self) -> tuple[int, int]:
+        return (self.rank, self.shape[1]) if self.left else (self.shape[0], self.rank)
+
+
+def projectable_weights(model: nn.Module, rank: int) -> list[tuple[str, nn.Parameter]]:
+    """Trainable weights of matrix layers larger than the rank on both sides, owned by one module only."""
+    owners: dict[nn.Parameter, int] = {}
+    for module in model.modules():
+        for param in module.parameters(recurse=False):
+            owners[param] = owners.get(param, 0) + 1
+    names = {param: name for name, param in model.named_parameters()}
+    weights = []
+    for module in model.modules():
+        weight = getattr(module, "weight", None)
+        if handler_for(module) is not linear_sites or not isinstance(weight, nn.Parameter):
+            continue
+        if weight.requires_grad and owners[weight] == 1 and min(weight.shape) > rank:
+            weights.append((names[weight], weight))
+    return weights
+
+
+class Projector:
+    """Maps projected weights to and from their low-dimensional space with one (k, r) matrix per weight."""
+
+    specs: dict[nn.Parameter, ProjectionSpec]
+
+    def matrix(self, weight: nn.Parameter) -> Tensor:
+        raise NotImplementedError
+
+    def project(self, weight: nn.Parameter, full: Tensor) -> Tensor:
+        """P^T W or W Q of a weight-shaped (or (B, m, n)) tensor: the reference the engine must agree with."""
+        matrix = self.matrix(weight)
+        return matrix.T @ full if self.specs[weight].left else full @ matrix
+
+    def back(self, weight: nn.Parameter, projected: Tensor) -> Tensor:
+        """Map a projected-space tensor back to the weight's space with the same matrix: P R or R Q^T."""
+        matrix = self.matrix(weight)
+        return matrix @ projected if self.specs[weight].left else projected @ matrix.T
+
+
+class RandomProjections(Projector):
+    """The projection of every projected weight at the current step (set `step` before using)."""
+
+    def __init__(self, model: nn.Module, rank: int, update_every: int, seed: int):
+        if rank <= 0:
+            raise ConfigurationError(f"privatizer.rank must be positive, got {rank}")
+        if update_every <= 0:
+            raise ConfigurationError(f"privatizer.update_every must be positive, got {update_every}")
+        self.rank, self.update_every, self.seed = rank, update_every, seed
+        self.specs: dict[nn.Parameter, ProjectionSpec] = {
+            weight: ProjectionSpec(index, tuple(weight.shape), rank)
+            for index, (_, weight) in enumerate(projectable_weights(model, rank))
+        }
+        self.step = 0
+
+    @property
+    def window(self) -> int:
+        return self.step // self.update_every
+
+    def _seed(self, index: int) -> int:
+        state = np.random.SeedSequence([self.seed, PROJECTION_STREAM, self.window, index]).generate_state(2)
+        return int(state[0]) << 32 | int(state[1])
+
+    def matrix(self, weight: nn.Parameter) -> Tensor:
+        """(k, r) Gaussian with N(0, 1/r) entries, k the projected side: regenerated from its seed on every call."""
+        spec = self.specs[weight]
+        side = spec.shape[0] if spec.left else spec.shape[1]
+        generator = torch.Generator(device=weight.device).manual_seed(self._seed(spec.index))
+        matrix = torch.randn(side, spec.rank, generator=generator, device=weight.device, dtype=weight.dtype)
+        return matrix.mul_(1.0 / math.sqrt(spec.rank))
+
+
+class _Tap(torch.autograd.Function):
+    """Identity on a layer output whose backward hands the output gradient to a callback as soon as it is known.
+
+    Its second input, a scalar anchor, is what the backward asks a gradient for, so autograd runs every tap (and
+    frees each full output gradient once the callback has projected it) without computing any weight gradient.
+    """
+
+    @staticmethod
+    def forward(ctx, output: Tensor, anchor: Tensor, callback) -> Tensor:
+        ctx.callback, ctx.anchor = callback, (anchor.dtype, anchor.device)
+        return output.view_as(output)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        ctx.callback(grad)
+        dtype, device = ctx.anchor
+        return grad, torch.zeros((), dtype=dtype, device=device), None
+
+
+class ProjectedHookEngine(HookEngine):
+    """The hook engine, with the weights of `projections` projected from their activations and output gradients.
+
+    Projected layers are streamed: their output gradient is projected during the backward pass (through a tap on
+    the output) and only the projected factor is kept, instead of every layer's full output gradient at once.
+    """
+
+    def __init__(self, model: nn.Module, projections: RandomProjections):
+        super().__init__(model)
+        self.projections = projections
+        self._taps: list[tuple[nn.Module, Tensor | None]] = []
+        self._streamed: list[SiteMap] = []
+
+    def _record(self, module: nn.Module, args: tuple, kwargs: dict, output):
+        weight = getattr(module, "weight", None)
+        if not (self._recording and torch.is_grad_enabled() and weight in self.projections.specs):
+            return super()._record(module, args, kwargs, output)
+        self._taps.append((module, args[0]))
+        return _Tap.apply(output, self._anchor, partial(self._on_output_grad, len(self._taps) - 1))
+
+    def _on_output_grad(self, index: int, g: Tensor) -> None:
+        module, x = self._taps[index]
+        self._taps[index] = (module, None)  # the sites keep what they need (A Q instead of A on the right)
+        dense = self._dense or self._calls[module] > 1
+        self._streamed.append(self.call_sites(module, x, g, self._batch, dense))
+
+    def _sites(self, task: Task, batch: Batch, dense: bool):
+        device = next(iter(self.projections.specs), torch.zeros(())).device
+        self._anchor = torch.zeros((), device=device, requires_grad=True)
+        self._taps, self._streamed, self._dense, self._batch = [], [], dense, batch_size_of(batch)
+        try:
+            sites, losses = super()._sites(task, batch, dense)
+            for site_map in self._streamed:
+                for param, site in site_map.items():
+                    sites[self.names[param]].append(site)
+            return sites, losses
+        finally:
+            self._taps, self._streamed = [], []
+
+    def _output_grads(self, losses: Tensor, outputs: list) -> list:
+        self._calls = Counter(module for module, _ in self._taps)
+        return super()._output_grads(losses, [*outputs, self._anchor])[:-1]
+
+    def module_sites(self, module: nn.Module, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
+        weight = getattr(module, "weight", None)
+        if weight not in self.projections.specs:
+            return super().module_sites(module, x, g, dense)
+        spec = self.projections.specs[weight]
+        rows, cols = matrix_factors(module, x, g)
+        matrix = self.projections.matrix(weight).to(rows.dtype)
+        if spec.left:
+            rows = rows @ matrix
+        else:
+            cols = cols @ matrix
+        sites: SiteMap = {weight: outer_product_site(cols, rows, spec.projected_shape, dense)}
+        if module.bias is not None and module.bias.requires_grad:
+            sites[module.bias] = DenseSite(g.reshape(x.shape[0], -1, g.shape[-1]).sum(1))
+        return sites
+
+
+__all__ = ["ProjectedHookEngine", "ProjectionSpec", "Projector", "RandomProjections", "projectable_weights"]

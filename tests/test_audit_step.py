@@ -1,0 +1,69 @@
+"""The one-step distinguishing audit: honest privatizers stay below their claim; broken ones are caught."""
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+from dpbench.audit.gradient_canary import audit_step
+from dpbench.privatizers import PrivacySettings, make_strategy
+from dpbench.privatizers.vanilla import Vanilla
+from dpbench.tasks import ClassificationTask
+
+SIGMA, CLIP = 2.0, 1.0
+
+
+def model_factory() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(20, 16), torch.nn.Tanh(), torch.nn.Linear(16, 5))
+
+
+def batches():
+    generator = torch.Generator().manual_seed(0)
+    background = (torch.randn(15, 20, generator=generator), torch.randint(0, 5, (15,), generator=generator))
+    canary_input = 30 * torch.randn(1, 20, generator=generator)  # a far-out sample: a huge gradient if unclipped
+    return background, (canary_input, torch.tensor([model_factory()(canary_input).argmin()]))
+
+
+def settings() -> PrivacySettings:
+    return PrivacySettings(CLIP, 1.0, SIGMA, seed=0)
+
+
+class NoClipping(Vanilla):
+    """Claims clip norm C, clips at infinity."""
+
+    def accumulate(self, model, task, batch, ctx):
+        self.privacy.clip_norm = 1e9
+        try:
+            return super().accumulate(model, task, batch, ctx)
+        finally:
+            self.privacy.clip_norm = CLIP
+
+
+class TooLittleNoise(Vanilla):
+    """Claims sigma, adds sigma / 10."""
+
+    def write_noisy_mean(self, model, clipped_sums, ctx):
+        self.privacy.noise_multiplier = SIGMA / 10
+        try:
+            super().write_noisy_mean(model, clipped_sums, ctx)
+        finally:
+            self.privacy.noise_multiplier = SIGMA
+
+
+def run_audit(factory):
+    background, canary = batches()
+    return audit_step(factory, model_factory, ClassificationTask(), background, canary, trials=300)
+
+
+@pytest.mark.parametrize("name", ["vanilla", "jl", "grape", "dp_galore", "d2p2", "dp2_sgd", "d2p_sgd"])
+def test_every_privatizer_passes_the_audit(name):
+    result = run_audit(lambda: make_strategy(OmegaConf.create({"name": name}), settings()))
+    assert result.consistent and 1.0 < result.claimed_epsilon < 5.0
+
+
+@pytest.mark.parametrize("broken", [NoClipping, TooLittleNoise])
+def test_broken_privatizers_are_caught(broken):
+    result = run_audit(lambda: broken(OmegaConf.structured({"name": "vanilla", "engine": "auto",
+                                                            "chunk_size": None}), settings()))
+    assert not result.consistent
+    assert result.epsilon_lower_bound > result.claimed_epsilon

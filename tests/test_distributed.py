@@ -1,0 +1,88 @@
+"""Data parallelism on CPU (gloo, 2 processes): the privatized update has the 1-process distribution."""
+
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from omegaconf import OmegaConf
+
+from dpbench.privacy.sampling import PoissonBatchSampler
+from dpbench.privatizers import PrivacySettings, make_strategy
+from dpbench.privatizers.base import StepContext
+from dpbench.tasks import ClassificationTask
+
+SIGMA, CLIP, BATCH = 1.5, 0.5, 16
+
+
+def _model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Linear(400, 250)
+
+
+def _batch():
+    generator = torch.Generator().manual_seed(1)
+    return torch.randn(BATCH, 400, generator=generator), torch.randint(0, 250, (BATCH,), generator=generator)
+
+
+def _update(name: str, inputs, targets) -> torch.Tensor:
+    model = _model()
+    strategy = make_strategy(OmegaConf.create({"name": name}), PrivacySettings(CLIP, 0.1, SIGMA, seed=3))
+    strategy.attach(model)
+    strategy.privatize(model, ClassificationTask(), (inputs, targets), StepContext(0, float(BATCH)))
+    return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+
+def _worker(rank: int, port: int, name: str, results) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        inputs, targets = _batch()
+        shard = slice(rank, None, 2)  # each rank holds half of the logical batch
+        results[rank] = _update(name, inputs[shard], targets[shard])
+    finally:
+        dist.destroy_process_group()
+
+
+def _two_process_update(name: str) -> list[torch.Tensor]:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    manager = mp.Manager()
+    results = manager.dict()
+    mp.spawn(_worker, args=(port, name, results), nprocs=2, join=True)
+    return [results[0], results[1]]
+
+
+def _clipped_mean() -> torch.Tensor:
+    model = _model()
+    strategy = make_strategy(OmegaConf.create({"name": "vanilla"}), PrivacySettings(CLIP, 0.1, SIGMA, seed=3))
+    strategy.attach(model)
+    clipped = strategy.engine.clipped_sum(ClassificationTask(), _batch(), CLIP).grads
+    return torch.cat([clipped[n].flatten() for n, _ in model.named_parameters()]) / BATCH
+
+
+def test_two_ranks_noise_once_and_match_the_single_process_distribution():
+    two = _two_process_update("vanilla")
+    torch.testing.assert_close(two[0], two[1])  # every rank applies the same update
+    one = _update("vanilla", *_batch())
+    signal = _clipped_mean()
+    for update in (one, two[0]):
+        noise = (update - signal) * BATCH
+        assert abs(float(noise.mean())) < 0.02 * SIGMA * CLIP
+        assert float(noise.std()) == pytest.approx(SIGMA * CLIP, rel=0.02)  # once, not sqrt(2) times
+
+
+def test_two_ranks_nonprivate_equals_the_full_batch_mean():
+    two = _two_process_update("nonprivate")
+    torch.testing.assert_close(two[0], _update("nonprivate", *_batch()), atol=1e-6, rtol=1e-5)
+
+
+def test_poisson_shards_are_disjoint_and_keep_the_rate():
+    n, q, steps = 101, 0.25, 2000
+    samplers = [PoissonBatchSampler(n, q, seed=0, steps_per_epoch=steps, rank=r, world_size=2) for r in (0, 1)]
+    counts = torch.zeros(n)
+    for batch0, batch1 in zip(*samplers, strict=True):
+        assert not set(batch0) & set(batch1)
+        counts[batch0 + batch1] += 1
+    assert torch.allclose(counts / steps, torch.full((n,), q), atol=0.04)

@@ -1,0 +1,169 @@
+"""DP-SGD-JL mechanics against per-example references: unbiased squared-norm estimates that converge for large r,
+exact clipping once exact norms are substituted, noise-only empty steps, and training end to end."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from dpbench.models.lstm import LSTMClassifier, LSTMConfig
+from dpbench.privatizers import PrivacySettings, make_strategy
+from dpbench.privatizers.base import StepContext
+from dpbench.tasks import ClassificationTask
+from tests.cli import FAST, dpbench, results
+from tests.models import CASES, sequence_batch
+from tests.transformer_models import bert, text_batch
+
+TASK = ClassificationTask()
+
+
+def small_lstm():
+    return LSTMClassifier(8, 3, LSTMConfig(embedding_dim=6, hidden_size=5, dense_size=4))
+
+
+MODELS = {
+    "cnn": CASES["cnn"],
+    "sequence": CASES["sequence"],
+    "lstm": (small_lstm, sequence_batch),  # the recurrent path: native kernels in a separate forward-mode pass
+    "bert": (bert, text_batch),
+}
+
+
+def jl(r: int, sigma: float = 1.0, clip: float = 1.0, chunk_size: int | None = None, seed: int = 0):
+    settings = PrivacySettings(clip_norm=clip, sampling_rate=0.1, noise_multiplier=sigma, seed=seed)
+    return make_strategy(OmegaConf.create({"name": "jl", "projections": r, "chunk_size": chunk_size}), settings)
+
+
+def loop_gradients(model, batch):
+    """Per-sample gradients by a per-example loop (inputs may be a dict of tensors)."""
+    inputs, targets = batch
+    grads = []
+    for i in range(targets.shape[0]):
+        one = {k: v[i : i + 1] for k, v in inputs.items()} if isinstance(inputs, dict) else inputs[i : i + 1]
+        model.zero_grad()
+        F.cross_entropy(model(one), targets[i : i + 1]).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.requires_grad})
+    return grads
+
+
+def squared_norms(grads):
+    return torch.stack([sum(g.pow(2).sum() for g in r.values()) for r in grads])
+
+
+@pytest.mark.parametrize("case", sorted(MODELS))
+def test_projections_are_unbiased_in_the_square(case):
+    """Each column of P is a one-direction estimate: the mean of P_ij^2 over r directions is ||g_i||^2."""
+    torch.manual_seed(0)
+    build, make_batch = MODELS[case]
+    model, batch = build(), make_batch()
+    exact = squared_norms(loop_gradients(model, batch))
+    r = 400 if case == "lstm" else 3000  # vmap has no batching rule for the native LSTM: directions run in a loop
+    strategy = jl(r, chunk_size=1000)
+    strategy.attach(model)
+    _, projected = strategy.projections(model, TASK, batch)
+    assert projected.shape == (batch[1].shape[0], r)
+    ratio = projected.pow(2).mean(1) / exact  # mean of r chi2_1 / r: std sqrt(2 / r)
+    assert torch.all((ratio - 1).abs() < 5 * (2 / r) ** 0.5), ratio
+
+
+def test_estimates_converge_to_exact_norms_as_r_grows():
+    torch.manual_seed(1)
+    build, make_batch = MODELS["sequence"]
+    model, batch = build(), make_batch()
+    exact = squared_norms(loop_gradients(model, batch)).sqrt()
+    errors = {}
+    for r in (2, 4000):
+        strategy = jl(r, chunk_size=1000)
+        strategy.attach(model)
+        draws = [strategy.projections(model, TASK, batch)[1].pow(2).mean(1).sqrt() for _ in range(3)]
+        errors[r] = float(torch.stack([(m / exact - 1).abs().max() for m in draws]).max())
+    assert errors[4000] < 0.06  # sqrt(chi2_r / r) has std ~ 1 / sqrt(2r) = 1.1%
+    assert errors[2] > 3 * errors[4000]
+
+
+@pytest.mark.parametrize("case", sorted(MODELS))
+def test_reweighting_with_exact_norms_is_exact_clipping(case):
+    torch.manual_seed(2)
+    build, make_batch = MODELS[case]
+    model, batch = build(), make_batch()
+    reference = loop_gradients(model, batch)
+    norms = squared_norms(reference).sqrt()
+    clip = float(norms.median())  # some clipped, some not
+    strategy = jl(1, clip=clip)
+    strategy.attach(model)
+    summed = strategy.reweighted_sum(model, TASK.per_sample_loss(model, batch), norms)
+    for name in reference[0]:
+        expected = sum(min(1.0, clip / (float(n) + 1e-6)) * r[name] for n, r in zip(norms, reference, strict=True))
+        torch.testing.assert_close(summed[name], expected, atol=1e-5, rtol=1e-4)
+
+
+def test_step_is_reweighted_sum_plus_noise_and_directions_are_seeded():
+    """privatize = (sum of min(1, C/M_i) g_i + N(0, (sigma C)^2)) / expected batch, reproducible from the seed."""
+    torch.manual_seed(3)
+    model = torch.nn.Linear(300, 100)
+    inputs, targets = torch.randn(12, 300), torch.randint(0, 100, (12,))
+    sigma, clip, expected = 1.5, 0.2, 30.0
+    grads = []
+    for _ in range(2):
+        strategy = jl(3, sigma=sigma, clip=clip, seed=7)
+        strategy.attach(model)
+        strategy.privatize(model, TASK, (inputs, targets), StepContext(0, expected))
+        grads.append(torch.cat([p.grad.flatten() for p in model.parameters()]))
+    torch.testing.assert_close(grads[0], grads[1])
+    strategy = jl(3, sigma=sigma, clip=clip, seed=7)
+    strategy.attach(model)
+    losses, projected = strategy.projections(model, TASK, (inputs, targets))
+    clipped = strategy.reweighted_sum(model, losses, projected.pow(2).mean(1).sqrt())
+    noise = grads[0] * expected - torch.cat([clipped[n].flatten() for n, _ in model.named_parameters()])
+    assert float(noise.std()) == pytest.approx(sigma * clip, rel=0.02)
+
+
+def test_empty_batch_is_a_noise_only_step():
+    model = torch.nn.Linear(50, 40)
+    strategy = jl(2, sigma=2.0)
+    strategy.attach(model)
+    output = strategy.privatize(model, TASK, (torch.zeros(0, 50), torch.zeros(0, dtype=torch.long)),
+                                StepContext(0, 10.0))
+    assert output.stats["batch_size"] == 0
+    assert float(torch.cat([p.grad.flatten() * 10.0 for p in model.parameters()]).std()) == pytest.approx(2.0, rel=0.1)
+
+
+def test_bad_projection_count_is_refused():
+    with pytest.raises(ValueError, match="projections"):
+        jl(0)
+
+
+@pytest.mark.parametrize("case", ["lstm", "bert"])
+@pytest.mark.parametrize("privatizer", ["jl", "vanilla"])
+def test_lstm_and_transformer_train(case, privatizer):
+    """A few steps of DP-Adam lower the training loss (no noise, so that the signal is visible in few steps)."""
+    torch.manual_seed(4)
+    build, make_batch = MODELS[case]
+    model, batch = build(), make_batch(size=16)
+    settings = PrivacySettings(clip_norm=10.0, sampling_rate=0.1, noise_multiplier=1e-6, seed=0)
+    config = {"name": "jl", "projections": 2} if privatizer == "jl" else {"name": "vanilla"}
+    strategy = make_strategy(OmegaConf.create(config), settings)
+    strategy.attach(model)
+    optimizer = torch.optim.Adam(model.parameters(), lr=0.03)
+    with torch.no_grad():
+        before = float(TASK.per_sample_loss(model, batch).mean())
+    for step in range(8):
+        optimizer.zero_grad(set_to_none=True)
+        strategy.privatize(model, TASK, batch, StepContext(step, 16.0))
+        optimizer.step()
+    with torch.no_grad():
+        after = float(TASK.per_sample_loss(model, batch).mean())
+    assert after < 0.7 * before, (before, after)
+
+
+def test_cli_runs_jl_lstm_on_rotten_tomatoes(tmp_path):
+    run = dpbench("model=lstm", "data=rotten_tomatoes", "data.train_size=600", "data.max_length=20",
+                  "privatizer=jl", "privatizer.projections=10", "optimizer=adam", "optimizer.lr=0.001",
+                  "privacy.noise_multiplier=2.0", "batch_size=64", "max_steps=3", "profiler.warmup_steps=1",
+                  "trainer.checkpoint=false", f"hydra.run.dir={tmp_path}", *FAST)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = results(tmp_path)
+    assert out["privatizer"] == "jl" and out["model"] == "lstm" and out["data"] == "rotten_tomatoes"
+    assert out["steps"] == 3 and out["train_size"] == 600 and out["test_size"] == 2000
+    assert out["accountant_method"] in ("prv", "rdp") and isinstance(out["epsilon"], float) and out["epsilon"] > 0
+    assert out["noise_multiplier"] == 2.0 and out["config"]["privatizer"]["projections"] == 10

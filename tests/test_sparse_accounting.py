@@ -1,0 +1,126 @@
+"""Accounting of the sparse step (selection + noise on one Poisson sample) against hand computations."""
+
+import math
+
+import numpy as np
+import pytest
+from omegaconf import OmegaConf
+from prv_accountant.privacy_random_variables import PoissonSubsampledGaussianMechanism
+from scipy import integrate, optimize, stats
+from scipy.special import ndtr
+
+from dpbench.models.word2vec import Word2Vec
+from dpbench.privacy.accountant import PrivacyAccountant
+from dpbench.privacy.selection import SubsampledSelectionGaussian, SubsampledSelectionGaussianPRV, theorem3_bound
+from dpbench.privatizers import PrivacySettings, make_strategy
+
+ACCOUNTANT = PrivacyAccountant(eps_error=0.01)
+
+
+def test_without_selection_it_is_prv_accountants_subsampled_gaussian():
+    ours, theirs = SubsampledSelectionGaussianPRV(0.02, 0.9, 0.0, 0), PoissonSubsampledGaussianMechanism(0.02, 0.9)
+    t = np.linspace(-1, 6, 57)
+    np.testing.assert_allclose(ours.cdf(t), theirs.cdf(t).astype(float), atol=1e-12)
+    for alpha in (2, 5, 32):
+        assert ours.rdp(alpha) == pytest.approx(theirs.rdp(alpha), rel=1e-9)
+
+
+def _epsilon_from_delta(delta_of: callable, delta: float) -> float:
+    return optimize.brentq(lambda e: delta_of(e) - delta, 0.0, 50.0)
+
+
+def test_selection_alone_composes_like_randomized_response_by_hand():
+    """q = 1: T steps of k draws = n randomized responses; delta(eps) from the binomial distribution exactly."""
+    draw_epsilon, draws, steps, delta = 0.05, 20, 30, 1e-5
+    n = draws * steps
+    r = 1 / (1 + math.exp(-draw_epsilon))
+    x = np.arange(n + 1)
+    loss = draw_epsilon * (2 * x - n)
+    p_mass, q_mass = stats.binom.pmf(x, n, r), stats.binom.pmf(x, n, 1 - r)
+
+    def exact_delta(eps: float) -> float:
+        return float(np.sum(np.where(loss > eps, p_mass - math.exp(eps) * q_mass, 0.0)))
+
+    expected = _epsilon_from_delta(exact_delta, delta)
+    report = ACCOUNTANT.epsilon([(SubsampledSelectionGaussian(1.0, None, draw_epsilon, draws), steps)], delta)
+    assert expected <= report.epsilon <= expected + 0.03  # an upper bound, within the discretisation error
+
+
+def test_one_step_of_selection_and_noise_by_hand():
+    """q = 1, one step: delta(eps) = sum_j Pr[j] * (Gaussian hockey-stick shifted by the selection's loss a_j)."""
+    draw_epsilon, draws, sigma, delta = 0.2, 8, 1.5, 1e-5
+    mu = 1 / sigma
+    r = 1 / (1 + math.exp(-draw_epsilon))
+    j = np.arange(draws + 1)
+    shift, weight = draw_epsilon * (2 * j - draws), stats.binom.pmf(j, draws, r)
+
+    def exact_delta(eps: float) -> float:
+        e = eps - shift
+        return float(np.sum(weight * (ndtr(-e / mu + mu / 2) - np.exp(e) * ndtr(-e / mu - mu / 2))))
+
+    expected = _epsilon_from_delta(exact_delta, delta)
+    report = ACCOUNTANT.epsilon([(SubsampledSelectionGaussian(1.0, sigma, draw_epsilon, draws), 1)], delta)
+    assert expected <= report.epsilon <= expected + 0.03
+    gaussian_only = ACCOUNTANT.epsilon([(SubsampledSelectionGaussian(1.0, sigma, 0.0, 0), 1)], delta).epsilon
+    assert report.epsilon > gaussian_only + 0.5  # the selection is paid for
+
+
+def test_rdp_with_selection_matches_numerical_integration():
+    q, sigma, draw_epsilon, draws, alpha = 0.1, 1.2, 0.3, 4, 3
+    prv = SubsampledSelectionGaussianPRV(q, sigma, draw_epsilon, draws)
+    mu = 1 / sigma
+    r = 1 / (1 + math.exp(-draw_epsilon))
+    density = stats.norm(-mu**2 / 2, mu).pdf
+    total = 0.0
+    for j in range(draws + 1):  # E_Q[(1 - q + q e^S)^alpha], S = a_j + Gaussian loss, under Q
+        a_j, weight = draw_epsilon * (2 * j - draws), stats.binom.pmf(j, draws, 1 - r)
+        value, _ = integrate.quad(lambda s, a=a_j: (1 - q + q * math.exp(a + s)) ** alpha * density(s), -30, 30)
+        total += weight * value
+    assert prv.rdp(alpha) == pytest.approx(math.log(total) / (alpha - 1), rel=1e-6)
+
+
+def test_prv_epsilon_is_tighter_than_theorem3_where_theorem3_is_valid():
+    q, steps, sigma, draw_epsilon, draws, delta = 1e-3, 2000, 8.0, 0.005, 20, 1e-5
+    ours = ACCOUNTANT.epsilon([(SubsampledSelectionGaussian(q, sigma, draw_epsilon, draws), steps)], delta).epsilon
+    paper = theorem3_bound(q, steps, sigma, draw_epsilon, draws, delta)
+    assert paper.assumption_holds and paper.lemmas_hold
+    assert 0 < ours < paper.epsilon
+
+
+def test_theorem3_is_flagged_where_its_lemmas_do_not_apply():
+    """The paper's sigma = 0.5 (q = 1e-4, 20 epochs): the Gaussian step alone has epsilon > 1 before amplification."""
+    bound = theorem3_bound(1e-4, 200_000, 0.5, 0.001, 100, 1e-5)
+    assert not bound.lemmas_hold
+
+
+def test_theorem3_bound_by_hand():
+    q, steps, sigma, draw_epsilon, draws, delta = 1e-4, 100, 2.0, 0.01, 10, 1e-5
+    delta_prime = delta / (4 * q * steps)
+    per_step = q * (draw_epsilon * math.sqrt(2 * draws * math.log(1 / delta_prime))
+                    + math.sqrt(2 * math.log(1.25 / delta_prime)) / sigma)
+    expected = steps * per_step * (math.exp(per_step) - 1) + per_step * math.sqrt(2 * steps * math.log(2 / delta))
+    assert theorem3_bound(q, steps, sigma, draw_epsilon, draws, delta).epsilon == pytest.approx(expected)
+
+
+def test_calibration_gives_the_selection_its_budget_and_the_noise_the_rest():
+    from dpbench.config import PrivacyConfig
+    from dpbench.privacy.plan import make_plan
+
+    q, steps = 0.01, 200
+    strategy = make_strategy(
+        OmegaConf.create({"name": "sparse", "sparsity": 0.01, "selection_epsilon": 1.0}),
+        PrivacySettings(1.0, q, None, seed=0),
+    )
+    model = Word2Vec(50, 4)
+    plan = make_plan(strategy, PrivacyConfig(epsilon=3.0, delta=1e-5), q, steps, model)
+    assert strategy.draws == 2
+    selection = SubsampledSelectionGaussian(q, None, strategy.draw_epsilon, strategy.draws)
+    spent = ACCOUNTANT.epsilon([(selection, steps)], 1e-5).epsilon
+    assert 0.97 <= spent <= 1.0
+    assert 2.9 <= plan.planned_epsilon <= 3.0
+    joint = SubsampledSelectionGaussian(q, plan.noise_multiplier, strategy.draw_epsilon, strategy.draws)
+    assert strategy.composition(plan.noise_multiplier, steps) == [(joint, steps)]
+    noise_alone = ACCOUNTANT.epsilon([(SubsampledSelectionGaussian(q, plan.noise_multiplier, 0, 0), steps)], 1e-5)
+    # One Poisson sample feeds both parts: their losses add before amplification, so the joint figure exceeds
+    # each part (here even their sum: large per-step losses amplify less).
+    assert spent < plan.planned_epsilon and noise_alone.epsilon < plan.planned_epsilon

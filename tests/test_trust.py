@@ -1,0 +1,57 @@
+"""Ledger file, stop_on_budget, secure noise, and the out-of-memory route."""
+
+import json
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from scipy import stats
+
+from dpbench.cli import config_dir
+from dpbench.config import register_schemas
+from dpbench.errors import ConfigurationError
+from dpbench.privacy import PrivacyAccountant, SubsampledGaussian
+from dpbench.privatizers.noise import GaussianNoise, secure_standard_normal
+from dpbench.run import run_experiment
+from dpbench.training.module import DPModule
+from tests.cli import FAST, dpbench, results
+
+
+def test_secure_noise_is_standard_normal_and_leaves_torch_rngs_alone():
+    state = torch.get_rng_state()
+    sample = secure_standard_normal(20001).numpy()
+    assert torch.equal(torch.get_rng_state(), state)
+    assert stats.kstest(sample, "norm").pvalue > 1e-3
+    noise = GaussianNoise(seed=0, secure=True)
+    first, second = noise.sample_like(torch.zeros(1000), 2.0), noise.sample_like(torch.zeros(1000), 2.0)
+    assert not torch.equal(first, second) and float(first.std()) == pytest.approx(2.0, rel=0.15)
+
+
+def test_stop_on_budget_trains_only_the_steps_the_budget_covers(tmp_path):
+    sigma, budget, q = 1.0, 3.0, 200 / 4000
+    run = dpbench("max_steps=200", "batch_size=200", f"privacy.noise_multiplier={sigma}", f"privacy.epsilon={budget}",
+                  "privacy.stop_on_budget=true", "trainer.checkpoint=false", f"hydra.run.dir={tmp_path}", *FAST)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = results(tmp_path)
+    steps = out["steps"]
+    assert out["stopped_on_budget"] and out["planned_steps"] == 200 and 0 < steps < 200
+    assert out["epsilon"] <= budget
+    one_more = PrivacyAccountant().epsilon([(SubsampledGaussian(q, sigma), steps + 1)], 1e-5).epsilon
+    assert one_more > budget
+    ledger = json.loads((tmp_path / "privacy_ledger.json").read_text())
+    assert ledger["steps"] == steps and ledger["mechanisms"][-1]["last_step"] == steps - 1
+    assert ledger["mechanisms"][0]["mechanism"] == {"kind": "subsampled_gaussian", "sampling_rate": q,
+                                                    "noise_multiplier": sigma}
+    assert ledger["mechanisms"][0]["strategy"] == "vanilla"
+
+
+def test_out_of_memory_suggests_micro_batches(tmp_path, monkeypatch):
+    def out_of_memory(self, batch, batch_idx):
+        raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+
+    monkeypatch.setattr(DPModule, "training_step", out_of_memory)
+    register_schemas()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose("config", overrides=["max_steps=2", "logger.wandb=false", "trainer.enable_progress_bar=false"])
+    with pytest.raises(ConfigurationError, match="physical_batch_size=125"):
+        run_experiment(cfg, tmp_path)
