@@ -190,3 +190,24 @@ def test_selection_and_noise_resume_from_state():
     assert torch.equal(strategy.last_selection["indices"], expected["indices"])
     assert torch.equal(strategy.last_selection["noisy"], expected["noisy"])
     assert torch.equal(torch.random.get_rng_state(), global_state)  # the global RNG is never used
+
+
+def test_the_update_goes_through_optimizer_step_so_lightning_counts_it():
+    class Wrapped:  # how Lightning's LightningOptimizer presents the optimizer: .optimizer and a counted step()
+        def __init__(self, inner):
+            self.optimizer, self.calls = inner, 0
+
+        def step(self):
+            self.calls += 1
+            self.optimizer.step()
+
+    torch.manual_seed(0)
+    model = Word2Vec(100, 6)
+    strategy = sparse_strategy()
+    strategy.attach(model)
+    wrapped = Wrapped(strategy.configure_optimizer(model, OptimizerConfig(name="adam", lr=0.1)))
+    before = model.embedding.weight.detach().clone()
+    strategy.privatize(model, TASK, w2v_batch(100, 8), StepContext(0, 8.0))
+    strategy.apply_update(wrapped)
+    assert wrapped.calls == 1
+    assert (model.embedding.weight != before).sum() == strategy.draws

@@ -72,9 +72,17 @@ class SelectedCoordinateOptimizer(Optimizer):
     def __init__(self, params, name: str, lr: float, betas: tuple[float, float], eps: float):
         super().__init__(params, {"lr": lr, "betas": betas, "eps": eps})
         self.name = name
+        self.pending: dict[nn.Parameter, tuple[Tensor, Tensor]] = {}
 
-    def step(self, closure=None):  # the strategy calls step_coordinates; a plain step has nothing to apply
-        return None
+    def step(self, closure=None):
+        """Apply the updates the strategy left in `pending` (a real step, so Lightning counts it)."""
+        loss = None
+        if closure is not None:  # Lightning's hooks run in it, as for torch's optimizers
+            with torch.enable_grad():
+                loss = closure()
+        self.step_coordinates(self.pending)
+        self.pending = {}
+        return loss
 
     @torch.no_grad()
     def step_coordinates(self, updates: dict[nn.Parameter, tuple[Tensor, Tensor]]) -> None:
@@ -294,7 +302,9 @@ class Sparse(PrivatizerStrategy):
                                                noisy[mask].to(device, layout.param.dtype))
 
     def apply_update(self, optimizer: Optimizer) -> None:
-        getattr(optimizer, "optimizer", optimizer).step_coordinates(self._pending)
+        """Through optimizer.step(), so that Lightning's global_step (and max_steps) count sparse steps too."""
+        getattr(optimizer, "optimizer", optimizer).pending = self._pending
+        optimizer.step()
         self._pending = {}
 
     def state_dict(self) -> dict[str, Any]:
