@@ -82,6 +82,8 @@ def merge_stats(parts: list[dict[str, float]]) -> dict[str, float]:
 class PrivatizerStrategy(ABC):
     name: ClassVar[str]
     is_private: ClassVar[bool] = True
+    supports_data_parallel: ClassVar[bool] = True
+    """False for strategies that noise outside `noised_sum` / `write_noisy_mean`: refused under DDP."""
 
     def __init__(self, config: Any, privacy: PrivacySettings):
         self.config = config

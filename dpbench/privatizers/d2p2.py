@@ -70,6 +70,7 @@ class DP2SGDConfig(D2P2Config):
 
 class D2P2(PrivatizerStrategy):
     name = "d2p2"
+    supports_data_parallel = False  # noises outside noised_sum: one rank's noise would not be shared
 
     engine: PerSampleEngine
 

@@ -111,6 +111,7 @@ class SelectedCoordinateOptimizer(Optimizer):
 
 class Sparse(PrivatizerStrategy):
     name = "sparse"
+    supports_data_parallel = False  # noises outside noised_sum: one rank's noise would not be shared
 
     engine: HookEngine
 

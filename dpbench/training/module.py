@@ -8,8 +8,10 @@ import lightning as L
 import torch
 from torch import nn
 
+from dpbench.errors import ConfigurationError
 from dpbench.optim import OptimizerConfig
 from dpbench.privacy.ledger import PrivacyLedger
+from dpbench.privatizers import distributed
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.tasks import Batch, Task
 
@@ -41,6 +43,13 @@ class DPModule(L.LightningModule):
 
     def forward(self, inputs: Any) -> torch.Tensor:
         return self.model(inputs)
+
+    def on_train_start(self) -> None:
+        if distributed.world_size() > 1 and not self.strategy.supports_data_parallel:
+            raise ConfigurationError(
+                f"privatizer={self.strategy.name} does not support data parallelism yet (its noise would not be "
+                "shared across ranks): run it on one device"
+            )
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return self.strategy.configure_optimizer(self.model, self.optimizer_config)
