@@ -15,8 +15,7 @@ from collections.abc import Callable
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.harness import arguments, compare, print_table, ratio, save
-from dpbench.data import load_data
+from benchmarks.harness import arguments, compare, mnist_batches, print_table, ratio, save
 from dpbench.models.cnn import LargeCNN, TFPrivacyCNN
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
@@ -29,18 +28,6 @@ MODELS = {  # model -> (builder, batch size, projection dimensions of the d2p2 c
 SIGMA, CLIP, LR, TRAIN_SIZE = 1.0, 1.0, 0.5, 4000
 
 
-def _batches(batch_size: int, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    data = load_data(OmegaConf.create({"name": "mnist5k"})).train
-    generator = torch.Generator().manual_seed(0)
-
-    def next_batch():
-        index = torch.randint(0, len(data), (batch_size,), generator=generator)
-        x, y = data.__getitems__(index.tolist())
-        return x.to(device), y.to(device)
-
-    return next_batch
-
-
 def _config(case: str) -> dict:
     if case.startswith("d2p2_p"):
         return {"name": "d2p2", "dim": int(case.removeprefix("d2p2_p"))}
@@ -50,7 +37,7 @@ def _config(case: str) -> dict:
 def make_step(case: str, device: torch.device, batch_size: int, model: str) -> Callable[[], None]:
     torch.manual_seed(0)
     network = MODELS[model][0]().to(device)
-    next_batch = _batches(batch_size, device)
+    next_batch = mnist_batches(batch_size, device)
     optimizer = torch.optim.SGD(network.parameters(), lr=LR)
     task = ClassificationTask()
     strategy = make_strategy(

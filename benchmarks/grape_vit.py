@@ -17,8 +17,7 @@ from collections.abc import Callable
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.harness import arguments, compare, print_table, ratio, save
-from benchmarks.vanilla_cnn import _batches
+from benchmarks.harness import arguments, compare, mnist_batches, print_table, ratio, save
 from dpbench.data import DataBundle, TensorSplit
 from dpbench.models.hf import ViTModelConfig, build_vit
 from dpbench.optim import OptimizerConfig, build_optimizer
@@ -37,7 +36,7 @@ def make_step(case: str, device: torch.device, batch_size: int, rank: int) -> Ca
     shape = DataBundle("mnist5k", TensorSplit(torch.zeros(1, 1, 28, 28), torch.zeros(1, dtype=torch.long)),
                        TensorSplit(torch.zeros(1, 1, 28, 28), torch.zeros(1, dtype=torch.long)), 10, (1, 28, 28))
     model = build_vit(VIT, shape).to(device)
-    next_batch = _batches(batch_size, device)
+    next_batch = mnist_batches(batch_size, device)
     config = {"name": case, "rank": rank} if case == "grape" else {"name": case}
     if case == "vanilla_functorch":
         config = {"name": "vanilla", "engine": "functorch"}

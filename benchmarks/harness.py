@@ -14,6 +14,7 @@ import multiprocessing
 import platform
 import statistics
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -124,3 +125,20 @@ def arguments(description: str, rounds: int = 3, steps: int = 10, warmup: int = 
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--batch-size", type=int, default=None)
     return parser.parse_args()
+
+
+def mnist_batches(batch_size: int, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """Random fixed-size batches of the embedded MNIST-5k training split, from a seeded generator."""
+    from omegaconf import OmegaConf
+
+    from dpbench.data import load_data
+
+    data = load_data(OmegaConf.create({"name": "mnist5k"})).train
+    generator = torch.Generator().manual_seed(0)
+
+    def next_batch():
+        index = torch.randint(0, len(data), (batch_size,), generator=generator)
+        x, y = data.__getitems__(index.tolist())
+        return x.to(device), y.to(device)
+
+    return next_batch

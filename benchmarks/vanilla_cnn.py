@@ -12,8 +12,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from benchmarks.harness import arguments, compare, print_table, ratio, save
-from dpbench.data import load_data
+from benchmarks.harness import arguments, compare, mnist_batches, print_table, ratio, save
 from dpbench.models.cnn import TFPrivacyCNN
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
@@ -23,22 +22,10 @@ CASES = ["nonprivate", "vanilla", "opacus_hooks", "opacus_functorch", "opacus_gh
 SIGMA, CLIP, LR = 1.0, 1.0, 0.5
 
 
-def _batches(batch_size: int, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
-    data = load_data(OmegaConf.create({"name": "mnist5k"})).train
-    generator = torch.Generator().manual_seed(0)
-
-    def next_batch():
-        index = torch.randint(0, len(data), (batch_size,), generator=generator)
-        x, y = data.__getitems__(index.tolist())
-        return x.to(device), y.to(device)
-
-    return next_batch
-
-
 def make_step(case: str, device: torch.device, batch_size: int) -> Callable[[], None]:
     torch.manual_seed(0)
     model = TFPrivacyCNN().to(device)
-    next_batch = _batches(batch_size, device)
+    next_batch = mnist_batches(batch_size, device)
     optimizer = torch.optim.SGD(model.parameters(), lr=LR)
     if case in ("nonprivate", "vanilla"):
         task = ClassificationTask()
