@@ -5,14 +5,18 @@ import json
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
+from omegaconf import OmegaConf
 from scipy import stats
 
 from dpbench.cli import config_dir
 from dpbench.config import register_schemas
 from dpbench.errors import ConfigurationError
 from dpbench.privacy import PrivacyAccountant, SubsampledGaussian
+from dpbench.privatizers import PrivacySettings, make_strategy
+from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.noise import GaussianNoise, secure_standard_normal
 from dpbench.run import run_experiment
+from dpbench.tasks import ClassificationTask
 from dpbench.training.module import DPModule
 from tests.cli import FAST, dpbench, results
 
@@ -55,3 +59,17 @@ def test_out_of_memory_suggests_micro_batches(tmp_path, monkeypatch):
         cfg = compose("config", overrides=["max_steps=2", "logger.wandb=false", "trainer.enable_progress_bar=false"])
     with pytest.raises(ConfigurationError, match="physical_batch_size=125"):
         run_experiment(cfg, tmp_path)
+
+
+@pytest.mark.parametrize("name", ["vanilla", "jl", "grape", "dp_galore", "d2p2", "d2p_sgd", "dp2_sgd"])
+def test_a_nan_sample_is_dropped_counted_and_never_poisons_the_update(name):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    strategy = make_strategy(OmegaConf.create({"name": name}), PrivacySettings(1.0, 0.1, 1.0, 0))
+    strategy.prepare(model, 10, 1e-5, None, PrivacyAccountant())
+    strategy.attach(model)
+    inputs, targets = torch.randn(6, 1, 4, 4), torch.randint(0, 3, (6,))
+    inputs[2, 0, 0, 0] = float("nan")
+    output = strategy.privatize(model, ClassificationTask(), (inputs, targets), StepContext(0, 6.0))
+    assert output.stats["nonfinite_samples"] == 1
+    assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)

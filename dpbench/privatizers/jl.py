@@ -30,6 +30,7 @@ import torch.autograd.forward_ad as fwad
 from torch import Tensor, nn
 from torch.func import functional_call, jvp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.utils._pytree import tree_map
 
 from dpbench.errors import ConfigurationError
 from dpbench.privacy.mechanisms import Composition, Mechanism
@@ -171,9 +172,17 @@ class JL(PrivatizerStrategy):
             return 0.0, {"batch_size": 0.0}
         losses, projected = self.projections(model, task, batch)
         estimates = projected.pow(2).mean(1).sqrt()
+        stats = clipping_stats(estimates, self.privacy.clip_norm)
+        finite = torch.isfinite(estimates)
+        if not bool(finite.all()):  # NaN activations would poison the shared backward: drop those samples, re-run
+            keep = finite.nonzero().flatten()
+            if keep.numel() == 0:
+                return 0.0, stats
+            batch = (tree_map(lambda t: t[keep], batch[0]), batch[1][keep])
+            losses, estimates = task.per_sample_loss(model, batch), estimates[keep]
         for name, grad in self.reweighted_sum(model, losses, estimates).items():
             self._sums[name] = self._sums[name] + grad if name in self._sums else grad
-        return float(losses.detach().sum()), clipping_stats(estimates, self.privacy.clip_norm)
+        return float(losses.detach().sum()), stats
 
     def finalize(self, model: nn.Module, ctx: StepContext) -> None:
         self.write_noisy_mean(model, self._sums, ctx)
