@@ -1,5 +1,7 @@
 """The one-step distinguishing audit: honest privatizers stay below their claim; broken ones are caught."""
 
+import math
+
 import pytest
 import torch
 from omegaconf import OmegaConf
@@ -72,3 +74,25 @@ def test_broken_privatizers_are_caught(broken):
                                                             "chunk_size": None}), settings()))
     assert not result.consistent
     assert result.epsilon_lower_bound > result.claimed_epsilon
+
+
+def test_sparse_passes_the_audit_through_its_own_update():
+    from dpbench.models.word2vec import Word2Vec
+    from dpbench.optim import OptimizerConfig
+    from dpbench.tasks import NegativeSamplingTask
+    from tests.test_word2vec import w2v_batch
+
+    background, _ = w2v_batch(40, 12, seed=1), None
+    canary_inputs = {"center": torch.tensor([3]), "context": torch.tensor([[3, 3, 3, 3]]),
+                     "negatives": torch.tensor([[3] * 8])}
+    canary = (canary_inputs, torch.tensor([3]))
+
+    def model_factory_w2v():
+        torch.manual_seed(0)
+        return Word2Vec(40, 6, init_std=3.0)  # large weights: a large, clipped canary gradient
+
+    config = {"name": "sparse", "selection": "random", "sparsity": 0.5, "clip2": 1.0}
+    result = audit_step(lambda: make_strategy(OmegaConf.create(config), settings()), model_factory_w2v,
+                        NegativeSamplingTask(), background, canary, trials=300,
+                        optimizer_config=OptimizerConfig(name="sgd", lr=1.0))
+    assert result.consistent and math.isfinite(result.claimed_epsilon) and result.claimed_epsilon > 0.5

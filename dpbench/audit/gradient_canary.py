@@ -23,6 +23,7 @@ from scipy import stats
 from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
+from dpbench.optim import OptimizerConfig
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.privatizers.per_sample import trainable_parameters
@@ -107,13 +108,20 @@ def audit_step(
     trials: int = 1000,
     delta: float = 1e-5,
     confidence: float = 0.95,
+    optimizer_config: OptimizerConfig | None = None,
 ) -> AuditResult:
-    """Run `trials` privatized steps in each world and bound epsilon from below (see the module docstring)."""
+    """Run `trials` privatized steps in each world and bound epsilon from below (see the module docstring).
+
+    With `optimizer_config` the attacker sees the parameter change after the strategy's own update (for
+    strategies that own the update, e.g. sparse), else the privatized gradient.
+    """
     model = model_factory()
     strategy = strategy_factory()
     strategy.prepare(model, 1, delta, None, PrivacyAccountant())  # an audited run is one step long
     strategy.attach(model)
+    optimizer = strategy.configure_optimizer(model, optimizer_config) if optimizer_config else None
     direction = canary_direction(model, task, canary)
+    start = [p.detach().clone() for p in trainable_parameters(model).values()]
     expected = float(background[1].shape[0] + 1)
     scores: dict[bool, list[float]] = {False: [], True: []}
     joined = _concat(background, canary)
@@ -121,7 +129,16 @@ def audit_step(
         include = bool(trial % 2)
         model.zero_grad(set_to_none=True)
         strategy.privatize(model, task, joined if include else background, StepContext(0, expected))
-        scores[include].append(float(_flat_update(model) @ direction))
+        if optimizer is None:
+            scores[include].append(float(_flat_update(model) @ direction))
+            continue
+        strategy.apply_update(optimizer)
+        with torch.no_grad():
+            params = list(trainable_parameters(model).values())
+            change = torch.cat([(before - p).flatten() for before, p in zip(start, params, strict=True)])
+            for before, p in zip(start, params, strict=True):
+                p.copy_(before)
+        scores[include].append(float(change @ direction))
     epsilon, fpr, fnr = epsilon_lower_bound(np.array(scores[False]), np.array(scores[True]), delta, confidence)
     one_step = [(dataclasses.replace(m, sampling_rate=1.0), 1) for m in strategy.step_mechanisms(0)]
     claimed = PrivacyAccountant().epsilon(one_step, delta).epsilon
