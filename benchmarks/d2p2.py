@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.harness import arguments, compare, mnist_batches, print_table, ratio, save
+from benchmarks.harness import arguments, compare, mnist_batches, print_checks, print_table, ratio, save
 from dpbench.models.cnn import LargeCNN, TFPrivacyCNN
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
@@ -69,8 +69,7 @@ def main() -> None:
             checks[f"{model}: {case} / vanilla step time (target < 1.5 for d2p2)"] = ratio(
                 summary, case, "vanilla", "step_time_s")
             checks[f"{model}: {case} / vanilla peak memory"] = ratio(summary, case, "vanilla", "peak_memory_mb")
-    for label, value in checks.items():
-        print(f"  {label}: {value:.2f}" if value is not None else f"  {label}: n/a")
+    print_checks(checks)
     print("saved", save("d2p2", {"models": results, "ratios": checks, "rounds": args.rounds, "steps": args.steps}))
 
 

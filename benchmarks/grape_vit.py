@@ -17,7 +17,7 @@ from collections.abc import Callable
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.harness import arguments, compare, mnist_batches, print_table, ratio, save
+from benchmarks.harness import arguments, compare, mnist_batches, print_checks, print_table, ratio, save
 from dpbench.data import DataBundle, TensorSplit
 from dpbench.models.hf import ViTModelConfig, build_vit
 from dpbench.optim import OptimizerConfig, build_optimizer
@@ -94,8 +94,7 @@ def main() -> None:
         "grape / vanilla_functorch samples/s": ratio(summary, "grape", "vanilla_functorch", "samples_per_s"),
         "grape / nonprivate samples/s": ratio(summary, "grape", "nonprivate", "samples_per_s"),
     }
-    for label, value in checks.items():
-        print(f"  {label}: {value:.2f}" if value is not None else f"  {label}: n/a")
+    print_checks(checks)
     payload = {"batch_size": batch_size, "rank": extra.rank, "summary": summary, "ratios": checks,
                "rounds": args.rounds, "steps": args.steps}
     if extra.memory_cap_mb:

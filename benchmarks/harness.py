@@ -97,6 +97,12 @@ def print_table(title: str, summary: dict[str, dict[str, float]], baseline: str)
               f"{row['peak_memory_mb']:9.1f} {ratio:>22}")
 
 
+def print_checks(checks: dict[str, float | None]) -> None:
+    """The ratios a benchmark's targets are stated in, one a line."""
+    for label, value in checks.items():
+        print(f"  {label}: {value:.2f}" if value is not None else f"  {label}: n/a")
+
+
 def ratio(summary: dict, numerator: str, denominator: str, key: str) -> float | None:
     a, b = summary.get(numerator, {}).get(key), summary.get(denominator, {}).get(key)
     return a / b if a is not None and b else None

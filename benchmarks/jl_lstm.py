@@ -15,7 +15,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from benchmarks.harness import arguments, compare, measure, print_table, ratio, save
+from benchmarks.harness import arguments, compare, measure, print_checks, print_table, ratio, save
 from dpbench.data import load_data
 from dpbench.models.cnn import LargeCNN
 from dpbench.models.lstm import LSTMClassifier, LSTMConfig
@@ -144,8 +144,7 @@ def main() -> None:
         if all("max_batch" in largest[c] for c in ("jl_r10", "nonprivate")):
             checks["jl r=10 / nonprivate max batch (target >= 0.5)"] = (
                 largest["jl_r10"]["max_batch"] / max(largest["nonprivate"]["max_batch"], 1))
-    for label, value in checks.items():
-        print(f"  {label}: {value:.2f}" if value is not None else f"  {label}: n/a")
+    print_checks(checks)
     print("saved", save("jl_lstm", {"batch_size": batch_size, "summary": summary, "ratios": checks,
                                      "max_batch": largest, "memory_cap_mb": cap_mb, "rounds": args.rounds,
                                      "steps": args.steps}))

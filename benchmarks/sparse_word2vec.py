@@ -13,7 +13,7 @@ from collections.abc import Callable
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.harness import arguments, compare, print_table, ratio, save
+from benchmarks.harness import arguments, compare, print_checks, print_table, ratio, save
 from dpbench.models.word2vec import Word2Vec
 from dpbench.optim import OptimizerConfig
 from dpbench.privatizers import PrivacySettings, make_strategy
@@ -61,8 +61,7 @@ def main() -> None:
         "sparse 20k / 1k peak memory": ratio(summary, "sparse_20k", "sparse_1k", "peak_memory_mb"),
         "vanilla 20k / 1k peak memory": ratio(summary, "vanilla_20k", "vanilla_1k", "peak_memory_mb"),
     }
-    for label, value in checks.items():
-        print(f"  {label}: {value:.2f}" if value is not None else f"  {label}: n/a")
+    print_checks(checks)
     print("saved", save("sparse_word2vec", {"batch_size": batch_size, "summary": summary, "ratios": checks,
                                              "rounds": args.rounds, "steps": args.steps}))
 

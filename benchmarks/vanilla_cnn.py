@@ -12,7 +12,7 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from benchmarks.harness import arguments, compare, mnist_batches, print_table, ratio, save
+from benchmarks.harness import arguments, compare, mnist_batches, print_checks, print_table, ratio, save
 from dpbench.models.cnn import TFPrivacyCNN
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
@@ -89,8 +89,7 @@ def main() -> None:
     lowest = min(opacus, key=lambda c: summary[c]["peak_memory_mb"]) if opacus else None
     checks[f"vanilla / lowest-memory Opacus ({lowest}) peak memory"] = ratio(
         summary, "vanilla", lowest, "peak_memory_mb")
-    for label, value in checks.items():
-        print(f"  {label}: {value:.2f}" if value is not None else f"  {label}: n/a")
+    print_checks(checks)
     print("saved", save("vanilla_cnn", {"batch_size": batch_size, "summary": summary, "ratios": checks,
                                          "rounds": args.rounds, "steps": args.steps}))
 

@@ -162,8 +162,7 @@ class JL(PrivatizerStrategy):
         """sum_i min(1, C / norms_i) grad loss_i by one backward pass (exact clipping when norms are exact)."""
         trainable = trainable_parameters(model)
         factors = clip_factors(norms.detach(), self.privacy.clip_norm)
-        safe = torch.where(factors > 0, losses, torch.zeros_like(losses))  # a non-finite loss must not poison the sum
-        grads = torch.autograd.grad((safe * factors).sum(), list(trainable.values()), allow_unused=True)
+        grads = torch.autograd.grad((losses * factors).sum(), list(trainable.values()), allow_unused=True)
         return {name: torch.zeros_like(p) if g is None else g for (name, p), g in zip(trainable.items(), grads,
                                                                                        strict=True)}
 
