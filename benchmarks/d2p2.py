@@ -1,10 +1,11 @@
-"""Issue 5 benchmark: D2P2 (automatic clipping + seeded Gaussian projection + decaying noise) vs vanilla DP-SGD.
+"""Issue 5 benchmark: D2P2 (automatic clipping + Gaussian projection + decaying noise) vs vanilla DP-SGD.
 
 Step time and peak memory on the 26K CNN (batch 256) and on cnn_large (~17M parameters, batch 32), with D2P-SGD
-(automatic clipping, no projection) beside them to separate the projection's cost. The projection costs O(d p) per
-step (d p Gaussian entries generated twice, never stored) and O(block) memory: the d2p2 cases show two dimensions p
-per model so the cost's growth with p is visible. Target: projection overhead below 1.5x vanilla's step time and no
-O(d^2) memory.
+(automatic clipping, no projection) beside them to separate the projection's cost. Two projection paths, each at two
+dimensions p per model: d2p2_p* is the default (projection=implicit: the update drawn from its exact law without
+forming A, O(d + p) per step), d2p2_explicit_p* the seeded matrix regenerated block by block (O(d p) per step: d p
+Gaussian entries generated twice, never stored) for reference. Target: projection overhead below 1.5x vanilla's
+step time and no O(d^2) memory.
     python -m benchmarks.d2p2 [--rounds 3 --steps 5 --warmup 2]
 """
 
@@ -21,16 +22,19 @@ from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.tasks import ClassificationTask
 
-MODELS = {  # model -> (builder, batch size, projection dimensions of the d2p2 cases)
-    "cnn": (TFPrivacyCNN, 256, (64, 1024)),
-    "cnn_large": (LargeCNN, 32, (1, 8)),
+MODELS = {  # model -> (builder, batch size, dimensions p of the implicit cases, of the explicit cases)
+    "cnn": (TFPrivacyCNN, 256, (64, 1024), (64, 1024)),
+    "cnn_large": (LargeCNN, 32, (8, 1024), (1, 8)),  # explicit p = 1024 would take minutes a step
 }
 SIGMA, CLIP, LR, TRAIN_SIZE = 1.0, 1.0, 0.5, 4000
 
 
 def _config(case: str) -> dict:
+    """d2p2_p<p> (the default, implicit path), d2p2_explicit_p<p>, or a strategy name."""
+    if case.startswith("d2p2_explicit_p"):
+        return {"name": "d2p2", "dim": int(case.removeprefix("d2p2_explicit_p")), "projection": "explicit"}
     if case.startswith("d2p2_p"):
-        return {"name": "d2p2", "dim": int(case.removeprefix("d2p2_p"))}
+        return {"name": "d2p2", "dim": int(case.removeprefix("d2p2_p")), "projection": "implicit"}
     return {"name": case}
 
 
@@ -58,9 +62,10 @@ def make_step(case: str, device: torch.device, batch_size: int, model: str) -> C
 def main() -> None:
     args = arguments(__doc__, rounds=3, steps=5, warmup=2)
     results, checks = {}, {}
-    for model, (_, default_batch, dims) in MODELS.items():
+    for model, (_, default_batch, implicit_dims, explicit_dims) in MODELS.items():
         batch_size = args.batch_size or default_batch
-        cases = ["vanilla", "d2p_sgd", *[f"d2p2_p{p}" for p in dims]]
+        cases = ["vanilla", "d2p_sgd", *[f"d2p2_p{p}" for p in implicit_dims],
+                 *[f"d2p2_explicit_p{p}" for p in explicit_dims]]
         summary = compare("benchmarks.d2p2", cases, {"model": model}, batch_size, args.rounds, args.steps,
                           args.warmup, args.threads)
         print_table(f"{model}, batch {batch_size}", summary, "vanilla")

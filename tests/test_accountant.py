@@ -5,10 +5,13 @@ import math
 import numpy as np
 import pytest
 from prv_accountant import PoissonSubsampledGaussianMechanism, PRVAccountant
+from prv_accountant.accountant import compute_safe_domain_size
 from scipy import integrate, optimize, stats
 
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger, SubsampledGaussian, calibrate_noise_multiplier
+from dpbench.privacy.accountant import INF_SHARE, accounting_prvs, infinite_mass, safe_domain
 from dpbench.privacy.calibration import UnreachableEpsilonError
+from dpbench.privacy.mixture import MAX_LOSS_CAP, SubsampledGaussianMixture
 
 
 def gaussian_epsilon(mu: float, delta: float) -> float:
@@ -124,3 +127,22 @@ def test_unreachable_and_invalid_targets_fail_clearly():
 def test_zero_rate_steps_cost_nothing():
     assert PrivacyAccountant().epsilon([(SubsampledGaussian(0.0, 1.0), 10)], 1e-5).epsilon == 0.0
     assert np.isfinite(PrivacyAccountant().epsilon([(SubsampledGaussian(1.0, 1.0), 1)], 1e-5).epsilon)
+
+
+@pytest.mark.parametrize("q,sigma,steps", [(256 / 25000, 0.6, 1464), (0.02, 1.1, 500), (1.0, 2.0, 10)])
+def test_plain_gaussian_domain_is_prv_accountants_own(q, sigma, steps):
+    """The extended domain rule (orders near 1, loss caps) keeps uncapped PRVs where prv-accountant puts them."""
+    prv = PoissonSubsampledGaussianMechanism(q, sigma)
+    ours = safe_domain([prv], [steps], eps_error=0.01, delta_error=1e-8)
+    assert ours == compute_safe_domain_size([prv], [steps], eps_error=0.01, delta_error=1e-8)
+
+
+def test_loss_caps_share_a_small_part_of_delta_over_the_whole_run():
+    """Every step of a heterogeneous run gets the same +inf budget; together they spend at most INF_SHARE of delta."""
+    composition = [(SubsampledGaussianMixture(0.02, 1.0, 6, 1.0), 300),
+                   (SubsampledGaussianMixture(0.02, 2.0, 6, 1.0), 700)]
+    prvs = accounting_prvs(composition, 1e-5)
+    spent = infinite_mass(prvs, [300, 700])
+    assert 0.5 * INF_SHARE * 1e-5 < spent <= 1.001 * INF_SHARE * 1e-5
+    assert all(prv.loss_cap < MAX_LOSS_CAP for prv in prvs)
+    assert prvs[0].loss_cap > prvs[1].loss_cap  # less noise: larger losses kept before the cap

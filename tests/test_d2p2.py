@@ -1,4 +1,5 @@
-"""D2P2 mechanics: automatic clipping bound, layer-wise projection = dense projection, noise wiring, RNG isolation."""
+"""D2P2 mechanics: automatic clipping bound, layer-wise projection = dense projection, the implicit sampler has the
+explicit projection's law, noise wiring, reproducibility, RNG isolation."""
 
 import math
 
@@ -6,12 +7,14 @@ import numpy as np
 import pytest
 import torch
 from omegaconf import OmegaConf
+from scipy import stats
 
 from dpbench.errors import ConfigurationError
 from dpbench.models.cnn import TFPrivacyCNN
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.gaussian_projection import GaussianProjection
+from dpbench.privatizers.implicit_projection import ImplicitProjection
 from dpbench.privatizers.noise import GaussianNoise
 from dpbench.privatizers.per_sample import trainable_parameters
 from dpbench.tasks import ClassificationTask
@@ -20,8 +23,8 @@ from tests.models import CASES, cnn_batch
 TASK = ClassificationTask()
 
 
-def strategy(name: str = "d2p2", sigma: float = 1.0, clip: float = 1.0, steps: int = 100, **overrides):
-    settings = PrivacySettings(clip_norm=clip, sampling_rate=0.1, noise_multiplier=sigma, seed=3)
+def strategy(name: str = "d2p2", sigma: float = 1.0, clip: float = 1.0, steps: int = 100, seed: int = 3, **overrides):
+    settings = PrivacySettings(clip_norm=clip, sampling_rate=0.1, noise_multiplier=sigma, seed=seed)
     made = make_strategy(OmegaConf.create({"name": name, **overrides}), settings)
     made.prepare(None, steps, 1e-5, None, None)
     return made
@@ -115,15 +118,17 @@ def test_no_block_is_larger_than_the_limit():
     assert len(blocks) == 600 and all(block.numel() <= 64 * 500 for _, _, block in blocks)
 
 
+EMPTY = (torch.zeros(0, 30), torch.zeros(0, dtype=torch.long))
+
+
 @pytest.mark.parametrize("name,dim", [("d2p2", 40), ("d2p_sgd", None)])
 def test_noise_is_the_step_sigma_in_the_projected_space(name, dim):
     torch.manual_seed(0)
     model = torch.nn.Linear(30, 5)
     sigma, clip, expected, step = 2.0, 0.5, 8.0, 3
-    d2p2 = strategy(name, sigma=sigma, clip=clip, dim=dim)
+    d2p2 = strategy(name, sigma=sigma, clip=clip, dim=dim, projection="explicit")
     d2p2.attach(model)
-    empty = (torch.zeros(0, 30), torch.zeros(0, dtype=torch.long))
-    d2p2.privatize(model, TASK, empty, StepContext(step, expected))  # noise only
+    d2p2.privatize(model, TASK, EMPTY, StepContext(step, expected))  # noise only
     std = sigma / math.sqrt(step + 1) * clip  # sigma_k = sigma / sqrt(k), k = step + 1
     noise = GaussianNoise(seed=3)
     if dim is None:
@@ -135,7 +140,159 @@ def test_noise_is_the_step_sigma_in_the_projected_space(name, dim):
         torch.testing.assert_close(p.grad, want[n])
 
 
-@pytest.mark.parametrize("overrides", [{}, {"clip_after_projection": True}])
+def test_empty_batch_implicit_update_is_the_step_noise_mapped_back():
+    """s = 0: the update is A z / sqrt(p), i.e. ||z|| / sqrt(p) times N(0, I_d), with z the step's sigma_k C noise."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(30, 5)
+    sigma, clip, expected, step, dim = 2.0, 0.5, 8.0, 3, 40
+    d2p2 = strategy(sigma=sigma, clip=clip, dim=dim)
+    d2p2.attach(model)
+    d2p2.privatize(model, TASK, EMPTY, StepContext(step, expected))
+    z = GaussianNoise(seed=3).sample_like(torch.zeros(dim), sigma / math.sqrt(step + 1) * clip)
+    d = sum(p.numel() for p in model.parameters())
+    ratio = norm(p.grad * expected for p in model.parameters()) ** 2 * dim / float(z.pow(2).sum())
+    assert abs(ratio - d) < 5 * math.sqrt(2 * d)  # chi-square with d degrees of freedom
+
+
+SHAPES = {"weight": torch.Size([2, 2]), "bias": torch.Size([2])}
+SUMS = {  # a clipped sum with a parameter left out (counts as zero), and the empty batch's zero sum
+    "nonzero": {"weight": torch.tensor([[1.0, 0.5], [0.0, -1.0]])},
+    "zero": {"weight": torch.zeros(2, 2), "bias": torch.zeros(2)},
+}
+
+
+def flat_update(update: dict) -> torch.Tensor:
+    return torch.cat([update[name].reshape(-1) for name in SHAPES])
+
+
+def implicit_draws(sums: dict, p: int, tau: float, draws: int) -> torch.Tensor:
+    """`draws` updates u = A (A^T s / sqrt(p) + z) / sqrt(p), z ~ N(0, tau^2 I_p), one row each, sampled without A."""
+    projection, noise = ImplicitProjection(SHAPES, p), GaussianNoise(seed=0)
+    return torch.stack([flat_update(projection.release(sums, noise, tau)) for _ in range(draws)])
+
+
+def explicit_draws(sums: dict, p: int, tau: float, draws: int) -> torch.Tensor:
+    """The same with the seeded matrix of a fresh step each draw."""
+    projection, noise = GaussianProjection(SHAPES, p, seed=1, max_block_elements=64), GaussianNoise(seed=0)
+    rows = []
+    for step in range(draws):
+        projected = projection.project(sums, step) + noise.sample_like(torch.zeros(p), tau)
+        rows.append(flat_update(projection.back(projected, step)))
+    return torch.stack(rows)
+
+
+def flat_sum(sums: dict) -> torch.Tensor:
+    return torch.cat([sums.get(name, torch.zeros(shape)).reshape(-1) for name, shape in SHAPES.items()])
+
+
+@pytest.mark.parametrize("case", SUMS)
+def test_implicit_release_has_the_explicit_projections_law(case):
+    """Closed forms for u = A (A^T s / sqrt(p) + z) / sqrt(p): E[u] = s and Cov[u] = (tau^2 + ||s||^2 / p) I + s s^T / p
+    (a Wishart second moment); both paths must meet them, and agree in law beyond two moments (chi-square tails)."""
+    p, tau, draws = 2, 0.5, 4000
+    sums, s = SUMS[case], flat_sum(SUMS[case])
+    implicit, explicit = implicit_draws(sums, p, tau, draws), explicit_draws(sums, p, tau, draws)
+    covariance = (tau**2 + s.dot(s) / p) * torch.eye(len(s)) + torch.outer(s, s) / p
+    whitening = torch.linalg.inv(torch.linalg.cholesky(covariance))
+    for sample in (implicit, explicit):
+        assert sample.isfinite().all()
+        assert (whitening @ (sample.mean(0) - s)).abs().max() < 4 / math.sqrt(draws)
+        whitened = whitening @ torch.cov(sample.T) @ whitening.T
+        assert (whitened - torch.eye(len(s))).abs().max() < 0.15  # heavy (chi-square) tails: wide sampling error
+    direction = s / s.norm() if s.norm() > 0 else torch.eye(len(s))[0]
+    perpendicular = torch.tensor([0.0, 0.0, 0.0, 0.0, 1.0, 0.0])  # bias, orthogonal to both sums
+    for statistic in (lambda u: u @ direction, lambda u: u @ perpendicular, lambda u: u.norm(dim=1)):
+        assert stats.ks_2samp(statistic(implicit).numpy(), statistic(explicit).numpy()).pvalue > 1e-3
+
+
+def test_a_gaussian_with_the_right_moments_fails_the_law_check():
+    """The two-sample check above can fail: a Gaussian with u's mean and covariance lacks its chi-square skew."""
+    p, tau, draws = 2, 0.5, 4000
+    sums, s = SUMS["nonzero"], flat_sum(SUMS["nonzero"])
+    implicit = implicit_draws(sums, p, tau, draws)
+    covariance = (tau**2 + s.dot(s) / p) * torch.eye(len(s)) + torch.outer(s, s) / p
+    torch.manual_seed(0)
+    gaussian = torch.distributions.MultivariateNormal(s, covariance).sample((draws,))
+    assert stats.ks_2samp((implicit @ s).numpy(), (gaussian @ s).numpy()).pvalue < 1e-6
+
+
+def test_implicit_draws_are_fresh_even_at_a_repeated_step():
+    """t and w stand for A seen from this s: reusing them for another sum (as re-running a step index would with
+    step-seeded draws) is not the mechanism. Each call must draw them anew, as the audit's repeated step 0 needs."""
+    model = torch.nn.Linear(30, 5)
+    d2p2 = strategy(dim=40)
+    d2p2.attach(model)
+    first, second = updates(d2p2, model, EMPTY, [0, 0])
+    assert abs(float(torch.nn.functional.cosine_similarity(first, second, dim=0))) < 0.5
+
+
+def updates(made, model, batch, steps) -> torch.Tensor:
+    """The privatized gradients of `steps` consecutive logical steps on the same batch, one row each."""
+    rows = []
+    for step in steps:
+        made.privatize(model, TASK, batch, StepContext(step, 4.0))
+        rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+    return torch.stack(rows)
+
+
+def test_implicit_and_explicit_strategies_agree_in_law_on_a_tiny_model():
+    """The strategy's whole noising step (noise stream, projection, scaling) on one clipped sum, many steps."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    batch = (torch.randn(4, 3), torch.tensor([0, 1, 1, 0]))
+    draws = 1500
+    samples = {}
+    for projection in ("implicit", "explicit"):
+        made = strategy("dp2_sgd", sigma=0.3, steps=draws, dim=2, noise_decay="none", projection=projection)
+        made.attach(model)
+        made.accumulate(model, TASK, batch, StepContext(0, 4.0))  # once: the per-sample pass is not under test
+        clipped_sum, rows = dict(made._sums), []
+        for step in range(draws):
+            made._sums = dict(clipped_sum)
+            made.finalize(model, StepContext(step, 4.0))
+            rows.append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        samples[projection] = torch.stack(rows)
+    mean = samples["explicit"].mean(0)
+    assert mean.norm() > 0.05  # the clipped sum is not lost in the noise
+    for statistic in (lambda u: u @ mean, lambda u: u[:, 0], lambda u: u.norm(dim=1)):
+        pair = [statistic(samples[projection]).numpy() for projection in ("implicit", "explicit")]
+        assert stats.ks_2samp(*pair).pvalue > 1e-3
+
+
+def test_implicit_sampling_is_reproducible_from_the_seed_and_the_checkpoint():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 2))
+    batch = (torch.randn(4, 3), torch.tensor([0, 1, 1, 0]))
+
+    def run(seed: int, steps, state: dict | None = None):
+        made = strategy(dim=16, seed=seed)
+        made.attach(model)
+        if state is not None:
+            made.load_state_dict(state)
+        return made, updates(made, model, batch, steps)
+
+    first, both = run(3, range(2))
+    torch.testing.assert_close(run(3, range(2))[1], both, rtol=0, atol=0)
+    assert not torch.allclose(both[0], both[1])  # a fresh projection every step
+    assert not torch.allclose(run(4, range(2))[1], both)
+    resumed, _ = run(3, range(1))
+    torch.testing.assert_close(run(3, range(1, 2), resumed.state_dict())[1][0], both[1], rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("overrides,kind", [
+    ({}, ImplicitProjection),
+    ({"projection": "implicit"}, ImplicitProjection),
+    ({"projection": "explicit"}, GaussianProjection),
+    ({"clip_after_projection": True}, GaussianProjection),
+])
+def test_projection_auto_is_implicit_unless_clipping_after_projection(overrides, kind):
+    made = strategy(dim=8, **overrides)
+    made.attach(torch.nn.Linear(3, 2))
+    assert isinstance(made.projection, kind)
+    assert made.privacy_report(100, 1e-5)["projection"] == ("implicit" if kind is ImplicitProjection else "explicit")
+
+
+@pytest.mark.parametrize("overrides", [{}, {"projection": "explicit"}, {"clip_after_projection": True}])
 def test_global_rng_state_is_untouched(overrides):
     model = TFPrivacyCNN()
     d2p2 = strategy(dim=16, **overrides)
@@ -154,6 +311,8 @@ def test_global_rng_state_is_untouched(overrides):
     ("d2p2", {"buckets": 0}, "buckets"),
     ("d2p_sgd", {"clip_after_projection": True}, "needs a projection"),
     ("d2p_sgd", {"dim": 64}, "does not project"),
+    ("d2p2", {"projection": "dense"}, "projection must be one of"),
+    ("d2p2", {"projection": "implicit", "clip_after_projection": True}, "projection=explicit"),
     ("dp2_sgd", {"noise_decay": "inverse_sqrt"}, "constant noise"),
 ])
 def test_bad_settings_are_clear_errors(name, overrides, message):

@@ -24,7 +24,7 @@ def small_lstm():
 MODELS = {
     "cnn": CASES["cnn"],
     "sequence": CASES["sequence"],
-    "lstm": (small_lstm, sequence_batch),  # the recurrent path: native kernels in a separate forward-mode pass
+    "lstm": (small_lstm, sequence_batch),  # the recurrent path: graph forward first, then the LSTM tangent rule
     "bert": (bert, text_batch),
 }
 
@@ -57,7 +57,7 @@ def test_projections_are_unbiased_in_the_square(case):
     build, make_batch = MODELS[case]
     model, batch = build(), make_batch()
     exact = squared_norms(loop_gradients(model, batch))
-    r = 400 if case == "lstm" else 3000  # vmap has no batching rule for the native LSTM: directions run in a loop
+    r = 3000
     strategy = jl(r, chunk_size=1000)
     strategy.attach(model)
     _, projected = strategy.projections(model, TASK, batch)

@@ -8,15 +8,18 @@ bound over the same privacy random variables is used and the method is recorded.
 from __future__ import annotations
 
 import math
-import warnings
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import asdict, dataclass
 
-from prv_accountant import PRVAccountant
-from prv_accountant.accountant import compute_safe_domain_size
+import numpy as np
+from prv_accountant.composers import Heterogeneous
+from prv_accountant.discrete_privacy_random_variable import DiscretePrivacyRandomVariable
+from prv_accountant.discretisers import CellCentred
+from prv_accountant.domain import Domain
 from prv_accountant.other_accountants import RDP
+from prv_accountant.privacy_random_variables import PrivacyRandomVariable, PrivacyRandomVariableTruncated
 
 from dpbench.privacy.mechanisms import Composition, Mechanism
 
@@ -46,13 +49,58 @@ def merge_composition(composition: Composition) -> Composition:
 
 
 MAX_DOMAIN = 200.0
-"""Largest privacy-loss domain [-L, L] the PRV discretisation may use (memory grows with L / mesh)."""
+"""Largest privacy-loss domain [-L, L] the PRV discretisation may use (memory grows with L / mesh) ..."""
+MAX_DOMAIN_PER_CAP = 3.0
+"""... or this many times the largest loss cap, whose PRVs need the domain to reach the cap ..."""
+MAX_DOMAIN_ANY = 10_000.0
+"""... but never more: prv-accountant evaluates exp(t) over the domain in long double (overflow past ~11,356)."""
+INF_SHARE = 0.01
+"""Share of delta that all steps together may spend as +inf mass from loss caps (Mechanism.accounting_prv)."""
+RELATIVE_EPS_ERROR = 5e-4
+"""Epsilon error per unit of the largest loss cap: epsilons of the order of a large cap need no finer mesh."""
+SMALL_ORDERS = (1.001, 1.002, 1.005, 1.01, 1.02, 1.05)
+"""Renyi orders near 1 for the domain bound: capped heavy tails have huge moments at prv-accountant's orders."""
+DEFAULT_ORDERS = tuple([1.0 + x / 10.0 for x in range(1, 100)] + list(range(12, 64)))
+"""prv-accountant's own orders."""
 
 
-def infinite_mass(composition: Composition) -> float:
-    """Probability that some step's privacy loss is +inf (mechanisms that reveal a sample outright)."""
-    log_keep = sum(count * math.log1p(-mechanism.prv().pm_inf) for mechanism, count in composition)
+def accounting_prvs(composition: Composition, delta: float) -> list[PrivacyRandomVariable]:
+    """Each mechanism's PRV given its share of the +inf budget (INF_SHARE * delta spread over every step)."""
+    budget = INF_SHARE * delta / sum(count for _, count in composition)
+    return [mechanism.accounting_prv(budget) for mechanism, _ in composition]
+
+
+def infinite_mass(prvs: list[PrivacyRandomVariable], counts: list[int]) -> float:
+    """Probability that some step's privacy loss is +inf (revealed samples, capped losses)."""
+    log_keep = sum(count * math.log1p(-prv.pm_inf) for prv, count in zip(prvs, counts, strict=True))
     return -math.expm1(log_keep)
+
+
+def loss_cap(prvs: list[PrivacyRandomVariable]) -> float:
+    """Largest loss cap among the PRVs (0 when none is capped)."""
+    return max((getattr(prv, "loss_cap", 0.0) for prv in prvs), default=0.0)
+
+
+def safe_domain(prvs: list[PrivacyRandomVariable], counts: list[int], eps_error: float, delta_error: float) -> float:
+    """prv-accountant's safe domain (Gopi et al. 2021, Remark 5.6: RDP tail bounds of the composition at
+    delta_error/4 and of each PRV at delta_error/(8 * steps), plus 3), with two changes for capped PRVs: their finite
+    losses end at the cap, which bounds their own tail exactly, and orders near 1 bound the composition's tail."""
+    composed = RDP(prvs=prvs, orders=[*SMALL_ORDERS, *DEFAULT_ORDERS])
+    bound = composed.compute_epsilon(delta=delta_error / 4, num_self_compositions=counts)[2]
+    for prv in prvs:
+        single = RDP(prvs=[prv]).compute_epsilon(delta=delta_error / 8 / sum(counts), num_self_compositions=[1])[2]
+        bound = max(bound, min(single, getattr(prv, "loss_cap", math.inf)))
+    return max(bound, eps_error) + 3
+
+
+def discretise(prv: PrivacyRandomVariable, grid: Domain) -> DiscretePrivacyRandomVariable:
+    """prv-accountant's mean-preserving cell-centred discretisation. A PRV whose finite losses lie inside the grid
+    and that computes its own mean (capped mixtures) is used as it is; others are truncated to the grid by
+    prv-accountant's wrapper, whose mean is an adaptive quadrature (unreliable on long heavy tails)."""
+    low, high = getattr(prv, "floor", -math.inf), getattr(prv, "loss_cap", math.inf)
+    inside = grid.t_min() <= low and high <= grid.t_max()
+    return CellCentred().discretise(prv if inside else PrivacyRandomVariableTruncated(prv, grid.t_min(), grid.t_max()),
+                                    grid)
 
 
 class PrivacyAccountant:
@@ -69,10 +117,11 @@ class PrivacyAccountant:
         merged = merge_composition(composition)
         if not merged:
             return EpsilonReport(0.0, 0.0, "none")
-        if infinite_mass(merged) >= delta:
+        prvs, counts = accounting_prvs(merged, delta), [count for _, count in merged]
+        if infinite_mass(prvs, counts) >= delta:
             return EpsilonReport(math.inf, math.inf, "prv", "probability of an infinite privacy loss exceeds delta")
         with ThreadPoolExecutor(max_workers=1) as pool:
-            future = pool.submit(self._prv_epsilon, merged, delta)
+            future = pool.submit(self._prv_epsilon, prvs, counts, delta)
             try:
                 upper, estimate = future.result(timeout=self.timeout_s)
                 reason = None if math.isfinite(upper) and upper >= 0 else f"non-finite PRV result {upper}"
@@ -86,23 +135,19 @@ class PrivacyAccountant:
         rdp_epsilon = self.rdp_epsilon(merged, delta)
         return EpsilonReport(rdp_epsilon, rdp_epsilon, "rdp", reason)
 
-    def _prv_epsilon(self, merged: Composition, delta: float) -> tuple[float, float]:
-        prvs = [mechanism.prv() for mechanism, _ in merged]
-        steps = [count for _, count in merged]
+    def _prv_epsilon(self, prvs: list[PrivacyRandomVariable], steps: list[int], delta: float) -> tuple[float, float]:
         delta_error = delta * self.delta_error_ratio
-        domain = compute_safe_domain_size(prvs, steps, eps_error=self.eps_error, delta_error=delta_error)
-        if domain > MAX_DOMAIN:
-            raise ValueError(f"the PRV domain would span +-{domain:.3g} (limit {MAX_DOMAIN:g})")
-        with warnings.catch_warnings():  # eps_max is prv-accountant's own safe domain, computed above
-            warnings.filterwarnings("ignore", "Assuming that true epsilon")
-            accountant = PRVAccountant(
-                prvs=prvs,
-                max_self_compositions=steps,
-                eps_error=self.eps_error,
-                delta_error=delta_error,
-                eps_max=domain,
-            )
-        _, estimate, upper = accountant.compute_epsilon(delta=delta, num_self_compositions=steps)
+        cap = loss_cap(prvs)
+        eps_error = max(self.eps_error, RELATIVE_EPS_ERROR * cap)
+        domain = safe_domain(prvs, steps, eps_error=eps_error, delta_error=delta_error)
+        limit = min(MAX_DOMAIN_ANY, max(MAX_DOMAIN, MAX_DOMAIN_PER_CAP * cap))
+        if domain > limit:
+            raise ValueError(f"the PRV domain would span +-{domain:.3g} (limit {limit:g})")
+        # prv-accountant's PRVAccountant, step by step (Gopi et al. 2021, Theorem 5.5's mesh), but see `discretise`
+        mesh = eps_error / np.sqrt(sum(steps) / 2 * np.log(12 / delta_error))
+        grid = Domain.create_aligned(-domain, domain, mesh)
+        composed = Heterogeneous([discretise(prv, grid) for prv in prvs]).compute_composition(steps)
+        _, estimate, upper = composed.compute_epsilon(delta, delta_error, eps_error)
         return float(upper), float(estimate)
 
     @staticmethod
@@ -114,9 +159,10 @@ class PrivacyAccountant:
         merged = merge_composition(composition)
         if not merged:
             return 0.0
-        remaining = delta - infinite_mass(merged)
+        prvs, counts = accounting_prvs(merged, delta), [count for _, count in merged]
+        remaining = delta - infinite_mass(prvs, counts)
         if remaining <= 0:
             return math.inf
-        rdp = RDP(prvs=[mechanism.prv() for mechanism, _ in merged])
-        _, _, epsilon = rdp.compute_epsilon(delta=remaining, num_self_compositions=[n for _, n in merged])
+        rdp = RDP(prvs=prvs, orders=[*SMALL_ORDERS, *DEFAULT_ORDERS])
+        _, _, epsilon = rdp.compute_epsilon(delta=remaining, num_self_compositions=counts)
         return float(epsilon)

@@ -65,7 +65,7 @@ def write_outputs(table: dict[str, dict[int, float]], out: Path, title: str) -> 
     if finite_r:
         by_r.plot(*zip(*finite_r, strict=True), marker="o", label="JL(r)")
     by_r.axhline(table[VANILLA][last], color="black", linestyle="--", label="vanilla")
-    by_r.set(xlabel="JL dimension r", ylabel=f"epsilon after {last} epochs", xscale="log", title=title)
+    by_r.set(xlabel="JL dimension r", ylabel=f"epsilon after {last} epochs", xscale="log", yscale="log", title=title)
     by_r.legend()
     figure.tight_layout()
     figure.savefig(paths[2], dpi=120)

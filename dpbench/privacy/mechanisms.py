@@ -25,6 +25,14 @@ class Mechanism(ABC):
     def prv(self) -> PrivacyRandomVariable:
         """The privacy random variable of one application."""
 
+    def accounting_prv(self, inf_budget: float) -> PrivacyRandomVariable:
+        """The PRV to compose when one application may put up to `inf_budget` of its mass at +inf.
+
+        The accountant grants the budget (a share of delta over the run's steps) before building PRVs; a mechanism
+        with heavy-tailed losses may move its largest losses to +inf (a dominating PRV) to keep the rest finite.
+        """
+        return self.prv()
+
     @property
     def is_trivial(self) -> bool:
         """True when the step reveals nothing (q = 0)."""

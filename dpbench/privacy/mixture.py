@@ -5,43 +5,56 @@ from r JL projections, so the sensitivity is C * sqrt(r / chi2_r), exponent +1, 
 noising (D2P2: sensitivity sqrt(chi2_p / p), exponent -1, df = p). As in Theorem B.7 the random scale is treated as
 revealed, so the PRV is the mixture over the chi-square law of subsampled-Gaussian PRVs (Theorem 2.3's X_p, Y_p).
 
-The mixture is discretised so that it can only over-state the privacy loss:
-- the chi-square law is cut into bins (geometric towards the dangerous tail, uniform in the bulk), and each bin's
-  mass takes the *smallest* effective noise multiplier of its bin (a dominating component);
-- the extreme tail where the effective noise multiplier falls below `sigma_floor` (mass eta) is replaced by the
-  mechanism that reveals the sample outright whenever it is sampled: loss +inf with probability q*eta (pm_inf) and
-  log(1 - q) otherwise.
-The CDF is vectorized over components (one numpy pass per chunk), so 1,500 composed steps take seconds.
+The composed PRV can only over-state the privacy loss:
+- the chi-square law is cut into bins (geometric in the effective noise multiplier and in probability towards the
+  dangerous tail, uniform in probability in the bulk); each bin's mass takes the *smallest* effective noise
+  multiplier of its bin, which dominates the bin (more noise is post-processing of less);
+- the far tail (mass eta: below `SIGMA_MIN`, whose losses pass any cap, or a sliver of the +inf budget) reveals the
+  sample outright whenever it is sampled: loss +inf with probability q*eta and log(1 - q) otherwise;
+- every privacy loss above a cap L is moved to +inf (pm_inf). Raising a loss raises delta(eps) for every eps, and
+  the capped pair is dominating (an extra outcome absorbs the other side's mass there), so it composes.
+The cap is chosen for the run being accounted (`accounting_prv`): the accountant grants each step a probability of
++inf (a small share of delta over all steps), and the cap is the smallest loss that keeps pm_inf within it. Below
+the cap the mixture is kept exactly, so heavy chi-square tails (small r) give large but finite epsilons, and the
+support of the finite part ends at the cap, which bounds the discretisation domain.
+Each component's survival function is evaluated only on the grid points where it is neither 0 nor 1 to double
+precision, so 1,500 composed steps take seconds; the mean that prv-accountant's discretisation preserves is
+integrated per component (`mean`), not by adaptive quadrature over the long tail.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from functools import cached_property
+from functools import cached_property, lru_cache
 
 import numpy as np
 from prv_accountant.privacy_random_variables import PrivacyRandomVariable
-from scipy import special, stats
+from scipy import integrate, optimize, special, stats
 
 from dpbench.privacy.mechanisms import Mechanism, register_mechanism
 
+MAX_LOSS_CAP = 5_000.0
+"""Largest finite loss kept; beyond it every loss counts as +inf (the domain, and the absolute error, scale with it)."""
+SIGMA_MIN = 0.005
+"""Below this effective noise multiplier a sampled step's loss is about 1/(2 s^2) >= 2 * MAX_LOSS_CAP: revealed."""
+MIN_CAP = 1.0
 MIN_TAIL_MASS = 1e-15
-SIGMA_FLOOR = 0.2
-GEOMETRIC_RATIO = 1.5
-FAR_TAIL_END, FAR_TAIL_RATIO = 1e-6, 4.0
+REVEALED_SHARE = 0.01
+"""Share of the +inf budget that the revealed far tail may use."""
+SIGMA_RATIO = 1.01
+GEOMETRIC_RATIO = 1.2
 GEOMETRIC_END = 0.05
 BULK_BINS = 40
-
-
-def _log_a_integer(q: float, sigmas: np.ndarray, alpha: int) -> np.ndarray:
-    """log A_alpha of the subsampled Gaussian (Mironov et al. 2019) for integer alpha, vectorized over sigma."""
-    if q >= 1.0:
-        return (alpha * alpha - alpha) / (2 * sigmas**2)
-    i = np.arange(alpha + 1)
-    log_binom = special.gammaln(alpha + 1) - special.gammaln(i + 1) - special.gammaln(alpha - i + 1)
-    base = log_binom + i * np.log(q) + (alpha - i) * np.log1p(-q)
-    terms = base[None, :] + (i * i - i)[None, :] / (2 * sigmas[:, None] ** 2)
-    return special.logsumexp(terms, axis=1)
+WINDOW = 9.0
+"""Standard deviations beyond which a Gaussian branch's tail (below 1e-19) is taken as 0 or 1."""
+DENSE_POINTS = 256
+"""Up to this many points the survival function is one dense pass over all components (quadrature, cap search)."""
+MEAN_POINTS = 2000
+MGF_GRID = ((10.0, 4000), (100.0, 3000), (math.inf, 3000))
+"""Grid on which the capped PRV's moment generating function is bounded: (up to loss, points) ..."""
+MGF_FLOOR = -100.0
+"""... from log(1 - q), or from here when q = 1 (the full-batch Gaussian's losses are unbounded below)."""
 
 
 def _geometric(start: float, stop: float, ratio: float) -> np.ndarray:
@@ -50,60 +63,133 @@ def _geometric(start: float, stop: float, ratio: float) -> np.ndarray:
     return start * ratio ** np.arange(count)
 
 
-class SubsampledGaussianMixturePRV(PrivacyRandomVariable):
-    """Mixture of Poisson-subsampled Gaussian PRVs (remove direction, as prv-accountant's own PRV)."""
+def _threshold(q: float, t: np.ndarray) -> np.ndarray:
+    """z with loss(x) = t at x = s^2 z + 1/2, i.e. z = log((e^t - (1 - q)) / q); -inf at or below log(1 - q)."""
+    if q >= 1.0:
+        return t.copy()
+    floor = math.log1p(-q)
+    inside = (t > floor) & np.isfinite(t)
+    safe = np.where(inside, t, 1.0)
+    z = safe + np.log(-np.expm1(floor - safe)) - math.log(q)  # accurate near log(1 - q) and for large t
+    return np.where(inside, z, np.where(t > floor, np.inf, -np.inf))
 
-    def __init__(self, sampling_rate: float, sigmas: np.ndarray, weights: np.ndarray, tail_mass: float):
+
+def _loss(q: float, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
+    """Privacy loss log(1 - q + q exp((2x - 1) / (2 s^2))) at Gaussian output x."""
+    exponent = (2 * x - 1) / (2 * sigma**2)
+    return np.logaddexp(math.log1p(-q), math.log(q) + exponent) if q < 1.0 else exponent
+
+
+def mixture_sf(q: float, sigmas: np.ndarray, weights: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """sum_k w_k P[L_k > t] at sorted t: L_k = log(1 - q + q exp((2x - 1) / (2 s^2))), x ~ (1-q)N(0,s^2) + qN(1,s^2).
+
+    Each Gaussian branch is evaluated only within WINDOW standard deviations of its threshold (beyond, its tail is
+    below 1e-19 and is taken as 0 or 1), so a component costs the grid points where its law changes."""
+    z = _threshold(q, t)
+    if z.size <= DENSE_POINTS:  # few points (quadrature, cap search): one dense pass beats the windows' loop
+        s = sigmas[:, None]
+        return weights @ (q * special.ndtr(0.5 / s - s * z) + (1 - q) * special.ndtr(-0.5 / s - s * z))
+    total, steps = np.zeros(t.size), np.zeros(t.size + 1)
+    for sigma, weight in zip(sigmas, weights, strict=True):
+        for mass, shift in ((q, 0.5 / sigma), (1.0 - q, -0.5 / sigma)):  # sampled: N(1, s^2); not sampled: N(0, s^2)
+            if mass > 0.0:
+                low, high = np.searchsorted(z, [(shift - WINDOW) / sigma, (shift + WINDOW) / sigma])
+                steps[0] += weight * mass
+                steps[low] -= weight * mass
+                total[low:high] += weight * mass * special.ndtr(shift - sigma * z[low:high])
+    return np.maximum(total + np.cumsum(steps)[:-1], 0.0)
+
+
+def _refine_ratio(edges: np.ndarray, ratio: float) -> np.ndarray:
+    """Sorted positive edges with geometric points inserted wherever consecutive edges are more than `ratio` apart."""
+    pieces = [edges[:1]]
+    for low, high in zip(edges[:-1], edges[1:], strict=True):
+        count = max(1, int(np.ceil(np.log(high / low) / np.log(ratio))))
+        pieces.append(low * (high / low) ** (np.arange(1, count + 1) / count))
+    return np.concatenate(pieces)
+
+
+class SubsampledGaussianMixturePRV(PrivacyRandomVariable):
+    """Mixture of Poisson-subsampled Gaussian PRVs (remove direction, as prv-accountant's own PRV), capped at
+    `loss_cap`: the loss law conditioned on being finite, with pm_inf the mass moved to +inf."""
+
+    def __init__(self, sampling_rate: float, sigmas: np.ndarray, weights: np.ndarray, revealed_mass: float,
+                 loss_cap: float):
         self.q = float(sampling_rate)
         self.sigmas = np.asarray(sigmas, dtype=np.float64)
         self.weights = np.asarray(weights, dtype=np.float64)
-        self.tail_mass = float(tail_mass)
-        self._rdp_cache: dict[int, float] = {}
+        self.revealed_mass = float(revealed_mass)
+        self.loss_cap = float(loss_cap)
+        self.floor = math.log1p(-self.q) if self.q < 1.0 else -math.inf
+        self._above_cap = float(mixture_sf(self.q, self.sigmas, self.weights, np.array([self.loss_cap]))[0])
+        self._rdp_cache: dict[float, float] = {}
 
     @property
     def pm_inf(self) -> float:
-        return self.q * self.tail_mass
+        return self.q * self.revealed_mass + self._above_cap
 
-    def _component_cdf(self, t: np.ndarray, sigmas: np.ndarray) -> np.ndarray:
-        """sum_k w_k * P[L_k <= t] for a chunk of components; L_k = log(1 - q + q exp((x - 1/2) / s_k^2))."""
-        q = self.q
-        with np.errstate(divide="ignore"):
-            valid = t > np.log1p(-q)
-        safe_t = np.where(valid, t, 0.0)
-        # z = log((e^t - (1 - q)) / q), written to stay accurate near t = log(1 - q) and for large t
-        z = safe_t + np.log(-np.expm1(np.log1p(-q) - safe_t)) - np.log(q)
-        s = sigmas[:, None]
-        inner = q * special.ndtr(s * z - 0.5 / s) + (1 - q) * special.ndtr(s * z + 0.5 / s)
-        return np.where(valid, inner, 0.0)
-
-    def cdf(self, t):
+    def sf(self, t) -> np.ndarray:
+        """P[Y > t | Y finite], computed from the upper side so that tail cells keep their relative precision."""
         t = np.asarray(t, dtype=np.float64)
         flat = t.reshape(-1)
-        total = np.zeros_like(flat)
-        chunk = max(1, 2_000_000 // max(flat.size, 1))
-        for start in range(0, self.sigmas.size, chunk):
-            part = slice(start, start + chunk)
-            total += self.weights[part] @ self._component_cdf(flat, self.sigmas[part])
-        # the revealed tail: mass (1 - q) * eta at log(1 - q), q * eta at +inf (pm_inf, excluded here)
-        if self.q < 1.0:
-            total += np.where(flat >= np.log1p(-self.q), (1 - self.q) * self.tail_mass, 0.0)
-        return (total / (1.0 - self.pm_inf)).reshape(t.shape)
+        order = np.argsort(flat, kind="stable")
+        total = np.empty_like(flat)
+        total[order] = mixture_sf(self.q, self.sigmas, self.weights, flat[order])
+        total = np.maximum(total - self._above_cap, 0.0)
+        total += np.where(flat < self.floor, (1 - self.q) * self.revealed_mass, 0.0)
+        total = np.where(flat >= self.loss_cap, 0.0, total)
+        return np.minimum(total / (1.0 - self.pm_inf), 1.0).reshape(t.shape)
+
+    def cdf(self, t):
+        return 1.0 - self.sf(t)
 
     def probability(self, a, b):
-        """Mass on [a, b] cell by cell; the discretiser's cells share edges, so each edge's CDF is computed once."""
+        """Mass on (a, b] cell by cell from survival values. On prv-accountant's grid (contiguous cells, whose
+        long-double edges may differ in the last bit once in float64) each edge is evaluated once."""
         a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
-        edges = np.union1d(a, b)
-        cdf = self.cdf(edges)
-        return cdf[np.searchsorted(edges, b)] - cdf[np.searchsorted(edges, a)]
+        if a.ndim == 1 and a.size > 1 and np.allclose(a[1:], b[:-1], rtol=1e-12, atol=0.0):
+            sf = self.sf(np.append(a, b[-1]))
+            return np.maximum(sf[:-1] - sf[1:], 0.0)
+        return np.maximum(self.sf(a) - self.sf(b), 0.0)
+
+    def mean(self) -> float:
+        """E[Y | Y finite], by Simpson's rule per component in the Gaussian's own coordinate (smooth there), up to
+        the output at which the loss reaches the cap; prv-accountant shifts the discretisation to this mean."""
+        q, s = self.q, self.sigmas[:, None]
+        x_cap = s**2 * _threshold(q, np.array([self.loss_cap])) + 0.5
+        total = (1 - q) * self.revealed_mass * self.floor if q < 1.0 else 0.0  # the revealed tail's atom
+        for mass, centre in ((q, 1.0), (1.0 - q, 0.0)):
+            if mass > 0.0:
+                upper = np.clip((x_cap - centre) / s, -WINDOW, WINDOW)
+                u = -WINDOW + (upper + WINDOW) * np.linspace(0.0, 1.0, MEAN_POINTS + 1)
+                loss = _loss(q, centre + s * u, s)
+                simpson = integrate.simpson(loss * stats.norm.pdf(u), x=u, axis=1)
+                total += mass * float(self.weights @ simpson)
+        return total / (1.0 - self.pm_inf)
+
+    @cached_property
+    def _mgf_cells(self) -> tuple[np.ndarray, np.ndarray]:
+        """(upper edge, mass) of cells covering the finite support [log(1 - q), cap]."""
+        pieces, start = [], max(self.floor, MGF_FLOOR)  # the first cell takes every loss below its edge
+        for stop, points in MGF_GRID:
+            stop = min(stop, self.loss_cap)
+            if stop > start:
+                pieces.append(np.linspace(start, stop, points))
+                start = stop
+        edges = np.unique(np.concatenate(pieces)) if pieces else np.array([start])
+        sf = self.sf(edges)
+        masses = np.concatenate([[1.0 - sf[0]], -np.diff(sf)])
+        return edges, np.maximum(masses, 0.0)
 
     def rdp(self, alpha: float) -> float:
-        """RDP of the finite part at order ceil(alpha) (RDP grows with the order, so this bounds it)."""
-        order = max(2, int(np.ceil(alpha)))
-        if order not in self._rdp_cache:
-            log_a = _log_a_integer(self.q, self.sigmas, order)
-            mixed = special.logsumexp(log_a, b=self.weights) if self.weights.size else -np.inf
-            self._rdp_cache[order] = float(mixed / (order - 1))
-        return self._rdp_cache[order]
+        """log E[exp((alpha - 1) Y) | Y finite] / (alpha - 1), each cell's mass at its upper edge (an upper bound).
+
+        It is what the RDP-to-(eps, delta) conversion needs; for the capped law it is finite at every order."""
+        if alpha not in self._rdp_cache:
+            upper, masses = self._mgf_cells
+            lam = alpha - 1.0
+            self._rdp_cache[alpha] = float(special.logsumexp(lam * upper, b=masses) / lam)
+        return self._rdp_cache[alpha]
 
 
 @register_mechanism
@@ -129,7 +215,7 @@ class SubsampledGaussianMixture(Mechanism):
     def is_trivial(self) -> bool:
         return self.sampling_rate == 0.0
 
-    def _effective_sigma(self, tail_probability: np.ndarray) -> np.ndarray:
+    def effective_sigma(self, tail_probability: np.ndarray) -> np.ndarray:
         """Effective noise multiplier at the given probability from the dangerous tail of chi2_df / df."""
         law = stats.chi2(self.df)
         if self.exponent > 0:  # small chi-square -> small effective noise
@@ -138,24 +224,52 @@ class SubsampledGaussianMixture(Mechanism):
             scale = law.isf(tail_probability) / self.df
         return self.noise_multiplier * scale ** (self.exponent / 2)
 
-    def tail_mass(self) -> float:
-        """Probability that the effective noise multiplier is below SIGMA_FLOOR (at least MIN_TAIL_MASS)."""
-        ratio = (SIGMA_FLOOR / self.noise_multiplier) ** (2 / self.exponent) * self.df
+    def tail_probability(self, effective_sigma: np.ndarray | float) -> np.ndarray:
+        """Probability that the effective noise multiplier is below the given value (inverse of effective_sigma)."""
+        ratio = (np.asarray(effective_sigma) / self.noise_multiplier) ** (2 / self.exponent) * self.df
         law = stats.chi2(self.df)
-        mass = law.cdf(ratio) if self.exponent > 0 else law.sf(ratio)
-        return float(max(mass, MIN_TAIL_MASS))
+        return law.cdf(ratio) if self.exponent > 0 else law.sf(ratio)
 
-    @cached_property
-    def components(self) -> tuple[np.ndarray, np.ndarray, float]:
-        eta = self.tail_mass()
-        far = _geometric(eta, FAR_TAIL_END, FAR_TAIL_RATIO)
-        near = _geometric(max(eta, FAR_TAIL_END), GEOMETRIC_END, GEOMETRIC_RATIO)
-        bulk = np.linspace(max(GEOMETRIC_END, eta), 1.0, BULK_BINS + 1)
-        edges = np.unique(np.concatenate([[eta], far, near, bulk]))
-        weights = np.diff(edges)
-        sigmas = self._effective_sigma(edges[:-1])  # each bin at its dangerous edge: dominates the bin
-        return sigmas, weights, eta
+    def components(self, revealed_mass: float) -> tuple[np.ndarray, np.ndarray]:
+        """(effective sigmas, weights) of the bins above the revealed tail, each bin at its dangerous edge.
+
+        Tail bins step the effective sigma by SIGMA_RATIO (losses scale as 1 / sigma^2, so this bounds each bin's
+        over-statement) and the probability by at most GEOMETRIC_RATIO; the bulk is cut uniformly in probability."""
+        eta = revealed_mass
+        end = max(eta, GEOMETRIC_END)
+        sigmas = _geometric(float(self.effective_sigma(eta)), float(self.effective_sigma(end)), SIGMA_RATIO)
+        tail = _refine_ratio(np.unique(np.concatenate([[eta], self.tail_probability(sigmas), [end]])), GEOMETRIC_RATIO)
+        edges = np.unique(np.concatenate([tail[(tail >= eta) & (tail <= end)], np.linspace(end, 1.0, BULK_BINS + 1)]))
+        return self.effective_sigma(edges[:-1]), np.diff(edges)
+
+    def revealed_mass(self, inf_budget: float) -> float:
+        """Tail mass treated as revealing the sample: what SIGMA_MIN forces, else a sliver of the +inf budget."""
+        forced = float(self.tail_probability(SIGMA_MIN))
+        return min(1.0, max(MIN_TAIL_MASS, forced, REVEALED_SHARE * inf_budget / max(self.sampling_rate, 1e-300)))
+
+    def accounting_prv(self, inf_budget: float) -> SubsampledGaussianMixturePRV:
+        """The mixture capped at the smallest loss whose mass above (plus the revealed tail) fits in inf_budget."""
+        return _capped_prv(self, float(inf_budget))
 
     def prv(self) -> PrivacyRandomVariable:
-        sigmas, weights, eta = self.components
-        return SubsampledGaussianMixturePRV(self.sampling_rate, sigmas, weights, eta)
+        """The mixture kept up to MAX_LOSS_CAP (no +inf budget to spend)."""
+        return self.accounting_prv(0.0)
+
+
+@lru_cache(maxsize=64)
+def _capped_prv(mechanism: SubsampledGaussianMixture, inf_budget: float) -> SubsampledGaussianMixturePRV:
+    eta = mechanism.revealed_mass(inf_budget)
+    sigmas, weights = mechanism.components(eta)
+
+    def excess(log_cap: float) -> float:
+        above = mixture_sf(mechanism.sampling_rate, sigmas, weights, np.array([math.exp(log_cap)]))[0]
+        return math.log(mechanism.sampling_rate * eta + above) - math.log(inf_budget)
+
+    low, high = math.log(MIN_CAP), math.log(MAX_LOSS_CAP)
+    if inf_budget <= 0.0 or excess(high) >= 0.0:
+        cap = MAX_LOSS_CAP
+    elif excess(low) <= 0.0:
+        cap = MIN_CAP
+    else:
+        cap = math.exp(min(high, optimize.brentq(excess, low, high, xtol=1e-3) + 1e-3))  # the root's upper side
+    return SubsampledGaussianMixturePRV(mechanism.sampling_rate, sigmas, weights, eta, cap)

@@ -4,7 +4,9 @@ A step: per-sample automatic clipping C g / (||g|| + gamma) (every contribution 
 projected to p dimensions with the step's Gaussian matrix, y = A^T s / sqrt(p) + N(0, (sigma_k C)^2 I_p), mapped
 back as A y / sqrt(p) and divided by the expected batch size; sigma_k follows `noise_decay` (sigma / sqrt(k) by
 default). The back-projection's 1/sqrt(p) makes the update unbiased: the paper's A y is this update times sqrt(p),
-i.e. the same algorithm with the learning rate multiplied by sqrt(p).
+i.e. the same algorithm with the learning rate multiplied by sqrt(p). By default (`projection: auto`) the update
+A y / sqrt(p) is drawn from its exact law without forming A, in O(d + p) (implicit_projection.py); the explicit path
+regenerates A from seeds in O(d p) (gaussian_projection.py), as clip_after_projection's per-sample projections need.
 
 Accounting that holds for this code (see docs/d2p2-accounting.md): projecting *before* the noise makes the
 sensitivity in the projected space random, ||A^T c|| / sqrt(p) = ||c|| sqrt(chi2_p / p) <= C sqrt(chi2_p / p), so a
@@ -31,6 +33,7 @@ from dpbench.privacy.schedule import NoiseSchedule
 from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import automatic_clip_factors, clipping_stats
 from dpbench.privatizers.gaussian_projection import GaussianProjection
+from dpbench.privatizers.implicit_projection import ImplicitProjection
 from dpbench.privatizers.per_sample import PerSampleEngine, make_engine, trainable_parameters
 from dpbench.tasks import Batch, Task, batch_size_of
 
@@ -52,8 +55,13 @@ class D2P2Config:
     engine: str = "auto"
     """auto | hooks | functorch: see dpbench.privatizers.per_sample.make_engine."""
     chunk_size: int | None = None
+    projection: str = "auto"
+    """auto | implicit | explicit. implicit: draw the update A y / sqrt(p) from its exact law without forming A,
+    O(d + p) per step; the output's law, hence the privacy and the accounting, is the explicit path's. explicit:
+    regenerate A from seeds block by block, O(d p); needed by clip_after_projection (per-sample projections).
+    auto: implicit unless clip_after_projection."""
     max_block_elements: int = 1 << 20
-    """Largest block of the projection matrix held at once (float32 entries)."""
+    """Largest block of the explicit projection matrix held at once (float32 entries)."""
 
 
 @dataclass
@@ -66,6 +74,9 @@ class D2PSGDConfig(D2P2Config):
 class DP2SGDConfig(D2P2Config):
     name: str = "dp2_sgd"
     noise_decay: str = "none"
+
+
+PROJECTIONS = ("auto", "implicit", "explicit")
 
 
 class D2P2(PrivatizerStrategy):
@@ -84,12 +95,22 @@ class D2P2(PrivatizerStrategy):
             raise ConfigurationError(f"privatizer.dim must be positive or null (no projection), got {config.dim}")
         if config.clip_after_projection and config.dim is None:
             raise ConfigurationError("privatizer.clip_after_projection needs a projection: set privatizer.dim")
+        if config.projection not in PROJECTIONS:
+            raise ConfigurationError(f"privatizer.projection must be one of {PROJECTIONS}, got {config.projection!r}")
+        if config.clip_after_projection and config.projection == "implicit":
+            raise ConfigurationError("privatizer.clip_after_projection projects each sample: use projection=explicit")
         self.schedule = NoiseSchedule(config.noise_decay, config.decay_rate)
         self.planned_steps: int | None = None
         self.check_variant()
 
     def check_variant(self) -> None:
         """Variants refuse settings that would make them another algorithm under their name."""
+
+    @property
+    def implicit(self) -> bool:
+        """Whether the update is sampled without A (`projection`, auto resolved); only with a projection."""
+        config = self.config
+        return config.dim is not None and not config.clip_after_projection and config.projection != "explicit"
 
     # -- privacy ---------------------------------------------------------------------------------------------
     def prepare(self, model: nn.Module, steps: int, delta: float, epsilon: float | None, accountant: Any) -> None:
@@ -131,6 +152,7 @@ class D2P2(PrivatizerStrategy):
             "noise_decay": self.config.noise_decay,
             "final_noise_multiplier": self.step_noise_multiplier(max(steps - 1, 0)),
             "projection_dim": self.config.dim,
+            "projection": None if self.config.dim is None else "implicit" if self.implicit else "explicit",
             "accounting": "chi-square mixture (projection before noise)"
             if self.config.dim is not None and not self.config.clip_after_projection else "gaussian",
         }
@@ -139,9 +161,13 @@ class D2P2(PrivatizerStrategy):
     def attach(self, model: nn.Module) -> None:
         self.engine = make_engine(model, self.config.engine, self.config.chunk_size)
         shapes = {name: param.shape for name, param in trainable_parameters(model).items()}
-        self.projection = None if self.config.dim is None else GaussianProjection(
-            shapes, self.config.dim, self.privacy.seed, self.config.max_block_elements
-        )
+        self.projection: GaussianProjection | ImplicitProjection | None = None
+        if self.implicit:
+            self.projection = ImplicitProjection(shapes, self.config.dim)
+        elif self.config.dim is not None:
+            self.projection = GaussianProjection(
+                shapes, self.config.dim, self.privacy.seed, self.config.max_block_elements
+            )
         self._sums: dict[str, Tensor] = {}
         self._projected_sum: Tensor | None = None
 
@@ -176,18 +202,24 @@ class D2P2(PrivatizerStrategy):
                 noise = self.noise.sample_like(param, std)
                 grads[name] = noise + self._sums[name].to(param.dtype) if name in self._sums else noise
         else:
-            device = next(iter(params.values())).device
-            if self.config.clip_after_projection or not self._sums:
-                projected = self._projected_sum
-                if projected is None:
-                    projected = torch.zeros(self.projection.dim, device=device)
-            else:
-                projected = self.projection.project(self._sums, ctx.step)
-            self.noise.to(device)
-            grads = self.projection.back(projected + self.noise.sample_like(projected, std), ctx.step)
+            grads = self._projected_update(next(iter(params.values())).device, std, ctx.step)
         for name, param in params.items():
             param.grad = grads[name].to(param.dtype).div_(ctx.expected_batch_size)
         self._sums, self._projected_sum = {}, None
+
+    def _projected_update(self, device: torch.device, std: float, step: int) -> dict[str, Tensor]:
+        """A (A^T s / sqrt(p) + z) / sqrt(p), z ~ N(0, std^2 I_p) from the checkpointed noise stream (either path)."""
+        self.noise.to(device)
+        if isinstance(self.projection, ImplicitProjection):
+            return self.projection.release(self._sums, self.noise, std)
+        noise = self.noise.sample_like(torch.zeros(self.config.dim, device=device), std)
+        return self.projection.back(self._projected(device, step) + noise, step)
+
+    def _projected(self, device: torch.device, step: int) -> Tensor:
+        """A^T s / sqrt(p) on the explicit path: the sum projected now, or the clipped projected samples' sum."""
+        if self.config.clip_after_projection or not self._sums:
+            return torch.zeros(self.config.dim, device=device) if self._projected_sum is None else self._projected_sum
+        return self.projection.project(self._sums, step)
 
 
 class D2PSGD(D2P2):

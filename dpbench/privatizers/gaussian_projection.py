@@ -1,4 +1,5 @@
-"""D2P2's random projection: one Gaussian matrix A (d x p, iid N(0, 1) entries) over all trainable parameters.
+"""D2P2's explicit random projection (privatizer.projection=explicit; the default samples the update without it, see
+implicit_projection.py): one Gaussian matrix A (d x p, iid N(0, 1) entries) over all trainable parameters.
 
 A is never held whole. Its rows belong to the parameters in order (the layer-wise split of Algorithm 1), and each
 parameter's rows are cut into blocks of at most `max_block_elements` entries, each regenerated on demand from its

@@ -10,11 +10,12 @@ The sensitivity is random (C * sqrt(r / chi2_r)), so each step is accounted as t
 subsampled Gaussians of Theorems 2.2-2.3 (dpbench.privacy.mixture), never as the plain subsampled Gaussian.
 
 Speed: the first direction runs as a dual forward pass whose primal keeps its autograd graph, so the backward
-reuses that forward; the other directions are batched with vmap over the tangents. Recurrent layers are the
-exception: their fused CPU / GPU kernels (oneDNN, cuDNN) have neither forward-mode AD nor vmap rules, so for models
-with nn.RNNBase all r directions run in a separate no-grad pass, with each nn.LSTM in plain tensor ops (about twice
-as fast as the native kernel here, and batched over the directions) and other RNNs on their native kernels, while
-the backward keeps the fast fused kernel (random ops such as dropout replay the same stream in both passes).
+reuses that forward; the other directions are batched with vmap over the tangents. Recurrent models are the
+exception, because the fused LSTM kernels (oneDNN, cuDNN) have no forward-mode AD: the graph forward runs first on
+the fused kernel and records each nn.LSTM call, then all r directions run in one no-grad jvp pass in which every
+nn.LSTM reuses its recorded result as the primal and gets its tangents from a linearised recurrence shared by the
+r directions (dpbench.privatizers.per_sample.lstm_tangent); other RNNs run their non-fused kernels in that pass.
+Random ops such as dropout replay the same stream in both passes.
 """
 
 from __future__ import annotations
@@ -39,7 +40,7 @@ from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepCo
 from dpbench.privatizers.clipping import clip_factors, clipping_stats
 from dpbench.privatizers.noise import GaussianNoise
 from dpbench.privatizers.per_sample import refuse_sample_mixing_layers, trainable_parameters
-from dpbench.privatizers.per_sample.recurrent import lstm_forward
+from dpbench.privatizers.per_sample.lstm_tangent import Recorded, jvp_lstm_forward, record_call
 from dpbench.tasks import Batch, Task, batch_size_of
 
 
@@ -54,11 +55,11 @@ class JLConfig:
 
 
 @contextlib.contextmanager
-def plain_lstms(model: nn.Module) -> Iterator[None]:
-    """Run every nn.LSTM in plain tensor ops: unlike the native kernel, vmap batches them over the directions."""
+def tangent_lstms(model: nn.Module, recorded: dict[nn.Module, Recorded]) -> Iterator[None]:
+    """Run every nn.LSTM through its forward-mode rule, reusing the graph forward's recorded calls."""
     lstms = [module for module in model.modules() if isinstance(module, nn.LSTM)]
     for module in lstms:
-        module.forward = functools.partial(lstm_forward, module)
+        module.forward = functools.partial(jvp_lstm_forward, module, recorded=recorded.get(module))
     try:
         yield
     finally:
@@ -67,14 +68,31 @@ def plain_lstms(model: nn.Module) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def forward_ad_kernels(model: nn.Module, recurrent: bool) -> Iterator[None]:
-    """Kernels with forward-mode AD: math attention (fused CPU attention has none) and, for recurrent models, plain
-    LSTMs and the native kernels of other RNNs (oneDNN and cuDNN have none; they would slow convolutions, hence
-    only then)."""
+def recording_lstms(model: nn.Module) -> Iterator[dict[nn.Module, Recorded]]:
+    """Record each nn.LSTM's call during the graph forward (a module called twice keeps its last call, which the
+    rule checks against its input before reusing)."""
+    recorded: dict[nn.Module, Recorded] = {}
+    handles = [
+        module.register_forward_hook(lambda m, args, out: recorded.__setitem__(m, record_call(m, args, out)))
+        for module in model.modules() if isinstance(module, nn.LSTM)
+    ]
+    try:
+        yield recorded
+    finally:
+        for handle in handles:
+            handle.remove()
+
+
+@contextlib.contextmanager
+def forward_ad_kernels(model: nn.Module, recorded: dict[nn.Module, Recorded] | None = None) -> Iterator[None]:
+    """Kernels with forward-mode AD: math attention (fused CPU attention has none) and, for recurrent models, the
+    LSTM rule and the non-fused kernels of other RNNs (oneDNN and cuDNN have none; they would slow convolutions,
+    hence only for models with such RNNs)."""
     with contextlib.ExitStack() as stack:
         stack.enter_context(sdpa_kernel(SDPBackend.MATH))
-        if recurrent:
-            stack.enter_context(plain_lstms(model))
+        if recorded is not None:
+            stack.enter_context(tangent_lstms(model, recorded))
+        if any(isinstance(m, nn.RNNBase) and not isinstance(m, nn.LSTM) for m in model.modules()):
             stack.enter_context(warnings.catch_warnings())
             warnings.filterwarnings("ignore", ".*TF32 acceleration on top of oneDNN.*")  # a CPU build's notice
             stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
@@ -142,13 +160,19 @@ class JL(PrivatizerStrategy):
         """Per-sample losses (with their autograd graph) and the (B, r) JL projections of their gradients."""
         trainable = trainable_parameters(model)
         detached = {name: p.detach() for name, p in trainable.items()}
-        batched = self.config.projections if self.recurrent else self.config.projections - 1
-        with torch.random.fork_rng(devices=self._devices(model)), forward_ad_kernels(model, self.recurrent):
-            projected = self._jvp_chunks(model, task, batch, detached, batched)  # the pass below replays its randomness
+        devices = self._devices(model)
         if self.recurrent:
-            return task.per_sample_loss(model, batch), projected
+            generator_states = self._generator_states(devices)
+            with recording_lstms(model) as recorded:
+                losses = task.per_sample_loss(model, batch)
+            with torch.random.fork_rng(devices=devices), forward_ad_kernels(model, recorded):
+                self._restore_generators(generator_states, devices)  # the jvp pass replays the graph pass's randomness
+                projected = self._jvp_chunks(model, task, batch, detached, self.config.projections)
+            return losses, projected
+        with torch.random.fork_rng(devices=devices), forward_ad_kernels(model):
+            projected = self._jvp_chunks(model, task, batch, detached, self.config.projections - 1)
         first = self._draw(detached, 1)
-        with fwad.dual_level(), forward_ad_kernels(model, recurrent=False):
+        with fwad.dual_level(), forward_ad_kernels(model):
             duals = {name: fwad.make_dual(p, first[name][0]) for name, p in trainable.items()}
             dual_losses = task.per_sample_loss(lambda x: functional_call(model, duals, (x,)), batch)
             losses, tangent = fwad.unpack_dual(dual_losses)
@@ -157,6 +181,16 @@ class JL(PrivatizerStrategy):
     @staticmethod
     def _devices(model: nn.Module) -> list[int]:
         return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+
+    @staticmethod
+    def _generator_states(devices: list[int]) -> tuple[Tensor, list[Tensor]]:
+        return torch.get_rng_state(), [torch.cuda.get_rng_state(device) for device in devices]
+
+    @staticmethod
+    def _restore_generators(states: tuple[Tensor, list[Tensor]], devices: list[int]) -> None:
+        torch.set_rng_state(states[0])
+        for device, state in zip(devices, states[1], strict=True):
+            torch.cuda.set_rng_state(state, device)
 
     def reweighted_sum(self, model: nn.Module, losses: Tensor, norms: Tensor) -> dict[str, Tensor]:
         """sum_i min(1, C / norms_i) grad loss_i by one backward pass (exact clipping when norms are exact)."""

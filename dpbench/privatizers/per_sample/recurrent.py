@@ -29,7 +29,8 @@ def refuse_unsupported_call(module: nn.Module, args: tuple, kwargs: dict) -> Non
         raise UnsupportedModelError("per-sample nn.LSTM gradients assume a zero initial state: do not pass hx")
 
 
-def _check(module: nn.LSTM) -> None:
+def check_recomputable(module: nn.LSTM) -> None:
+    """The rules here rebuild the recurrence from weights and input alone: no projections, no inter-layer dropout."""
     if module.proj_size:
         raise UnsupportedModelError("per-sample gradients of nn.LSTM with proj_size > 0 are unsupported")
     if module.training and module.dropout > 0 and module.num_layers > 1:
@@ -53,35 +54,9 @@ def _recur(gate_inputs: Tensor, w_hh: Tensor) -> tuple[Tensor, Tensor, Tensor, T
     return torch.stack(outputs, 2), torch.stack(previous, 2), h, c
 
 
-def lstm_forward(module: nn.LSTM, x: Tensor, hx: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, tuple]:
-    """nn.LSTM's forward in plain tensor ops (zero initial state): every op has forward-mode AD and a vmap batching
-    rule, which the fused kernels lack, so JL's jvp runs its r directions batched through it."""
-    if hx is not None or not isinstance(x, Tensor):
-        raise UnsupportedModelError("forward-mode nn.LSTM supports padded tensors and a zero initial state only")
-    _check(module)
-    layer_input = x if module.batch_first else x.transpose(0, 1)
-    directions = 2 if module.bidirectional else 1
-    finals_h, finals_c = [], []
-    for layer in range(module.num_layers):
-        suffixes = [f"_l{layer}" + ("_reverse" if d else "") for d in range(directions)]
-        w_ih = torch.stack([getattr(module, "weight_ih" + s) for s in suffixes])
-        w_hh = torch.stack([getattr(module, "weight_hh" + s) for s in suffixes])
-        inputs = torch.stack([layer_input, layer_input.flip(1)][:directions])
-        gate_inputs = inputs @ w_ih.transpose(1, 2).unsqueeze(1)
-        if module.bias:
-            bias = torch.stack([getattr(module, "bias_ih" + s) + getattr(module, "bias_hh" + s) for s in suffixes])
-            gate_inputs = gate_inputs + bias[:, None, None]
-        outputs, _, h, c = _recur(gate_inputs, w_hh)
-        finals_h.append(h)
-        finals_c.append(c)
-        layer_input = torch.cat([outputs[0], *[o.flip(1) for o in outputs[1:]]], dim=2)
-    output = layer_input if module.batch_first else layer_input.transpose(0, 1)
-    return output, (torch.cat(finals_h), torch.cat(finals_c))
-
-
 def lstm_sites(module: nn.LSTM, x: Tensor, g: tuple, dense: bool) -> SiteMap:
     """g is the gradient of the LSTM's whole output: (output, (h_n, c_n))."""
-    _check(module)
+    check_recomputable(module)
     out_grad, (h_grad, c_grad) = g
     if not module.batch_first:
         x, out_grad = x.transpose(0, 1), out_grad.transpose(0, 1)

@@ -1,0 +1,75 @@
+"""The forward-mode nn.LSTM rule JL uses: tangents against central finite differences of the native kernel (float64),
+for every layout the rule accepts, batched over directions by vmap, with and without the recorded primal."""
+
+import functools
+
+import pytest
+import torch
+from torch import nn
+from torch.func import functional_call, jvp, vmap
+
+from dpbench.errors import UnsupportedModelError
+from dpbench.privatizers.per_sample.lstm_tangent import jvp_lstm_forward, record_call
+
+LAYOUTS = [  # bidirectional, num_layers, batch_first, bias
+    (True, 1, True, True),
+    (False, 2, True, True),
+    (True, 2, False, True),
+    (False, 1, False, False),
+]
+
+
+def finite_difference(lstm, params, x, tangent, dx, eps=1e-6):
+    def flat(values, inputs):
+        out, (h, c) = functional_call(lstm, values, (inputs,))
+        return torch.cat([out.flatten(), h.flatten(), c.flatten()])
+
+    plus = {n: p + eps * tangent[n] for n, p in params.items()}
+    minus = {n: p - eps * tangent[n] for n, p in params.items()}
+    return (flat(plus, x + eps * dx) - flat(minus, x - eps * dx)) / (2 * eps)
+
+
+@pytest.mark.parametrize(("bidirectional", "layers", "batch_first", "bias"), LAYOUTS)
+@pytest.mark.parametrize("reuse", [False, True])
+def test_tangents_match_finite_differences(bidirectional, layers, batch_first, bias, reuse):
+    torch.manual_seed(0)
+    lstm = nn.LSTM(5, 6, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first, bias=bias).double()
+    x = torch.randn((4, 7, 5) if batch_first else (7, 4, 5), dtype=torch.float64)
+    params = {n: p.detach() for n, p in lstm.named_parameters()}
+    count = 3
+    tangents = {n: torch.randn(count, *p.shape, dtype=torch.float64) for n, p in params.items()}
+    input_tangents = torch.randn(count, *x.shape, dtype=torch.float64)
+    with torch.no_grad():
+        recorded = record_call(lstm, (x,), lstm(x)) if reuse else None
+        lstm.forward = functools.partial(jvp_lstm_forward, lstm, recorded=recorded)
+        try:
+            batched = vmap(lambda v, d: jvp(lambda p, i: functional_call(lstm, p, (i,)), (params, x), (v, d))[1])(
+                tangents, input_tangents)
+        finally:
+            del lstm.forward
+        for j in range(count):
+            got = torch.cat([batched[0][j].flatten(), batched[1][0][j].flatten(), batched[1][1][j].flatten()])
+            expected = finite_difference(lstm, params, x, {n: t[j] for n, t in tangents.items()}, input_tangents[j])
+            torch.testing.assert_close(got, expected, atol=1e-7, rtol=1e-6)
+
+
+def test_primal_is_the_native_result_and_stale_records_are_not_reused():
+    torch.manual_seed(1)
+    lstm = nn.LSTM(3, 4, batch_first=True)
+    x = torch.randn(2, 5, 3)
+    with torch.no_grad():
+        expected = lstm(x)
+        stale = record_call(lstm, (x + 1,), lstm(x + 1))  # recorded for another input: must be recomputed
+        output, (h, c) = jvp_lstm_forward(lstm, x, recorded=stale)
+    torch.testing.assert_close(output, expected[0])
+    torch.testing.assert_close(h, expected[1][0])
+    torch.testing.assert_close(c, expected[1][1])
+
+
+def test_initial_state_and_projections_are_refused():
+    lstm = nn.LSTM(3, 4, batch_first=True)
+    x = torch.randn(2, 5, 3)
+    with pytest.raises(UnsupportedModelError, match="initial state"):
+        jvp_lstm_forward(lstm, x, (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
+    with pytest.raises(UnsupportedModelError, match="proj_size"):
+        jvp_lstm_forward(nn.LSTM(3, 4, proj_size=2), x)
