@@ -167,3 +167,47 @@ def test_cli_runs_jl_lstm_on_rotten_tomatoes(tmp_path):
     assert out["steps"] == 3 and out["train_size"] == 600 and out["test_size"] == 2000
     assert out["accountant_method"] in ("prv", "rdp") and isinstance(out["epsilon"], float) and out["epsilon"] > 0
     assert out["noise_multiplier"] == 2.0 and out["config"]["privatizer"]["projections"] == 10
+
+
+class DropoutLSTM(torch.nn.Module):
+    """Dropout before and after the LSTM: the jvp pass must replay the graph forward's masks."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(8, 6)
+        self.lstm = torch.nn.LSTM(6, 5, batch_first=True, bidirectional=True)
+        self.dropout = torch.nn.Dropout(0.5)
+        self.output = torch.nn.Linear(10, 3)
+
+    def forward(self, ids):
+        out, _ = self.lstm(self.dropout(self.embedding(ids)))
+        return self.output(self.dropout(out[:, -1]))
+
+
+class DropoutMLP(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(8, 6)
+        self.hidden = torch.nn.Linear(6, 5)
+        self.output = torch.nn.Linear(5, 3)
+        self.dropout = torch.nn.Dropout(0.5)
+
+    def forward(self, ids):
+        return self.output(self.dropout(torch.relu(self.hidden(self.dropout(self.embedding(ids).mean(1))))))
+
+
+@pytest.mark.parametrize("build", [DropoutLSTM, DropoutMLP])
+def test_every_jvp_chunk_sees_the_graph_forwards_dropout_masks(build):
+    torch.manual_seed(4)
+    model, batch = build().train(), sequence_batch()
+    strategy = jl(3000, chunk_size=1000)  # three vmap chunks, each must replay the same masks
+    strategy.attach(model)
+    losses, projected = strategy.projections(model, TASK, batch)
+    params = [p for p in model.parameters() if p.requires_grad]
+    exact = torch.stack([
+        sum(g.pow(2).sum() for g in torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+            if g is not None)
+        for loss in losses
+    ])
+    ratio = projected.pow(2).mean(1) / exact
+    assert torch.all((ratio - 1).abs() < 5 * (2 / 3000) ** 0.5), ratio

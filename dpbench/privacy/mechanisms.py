@@ -61,6 +61,15 @@ class SubsampledGaussian(Mechanism):
             sampling_probability=self.sampling_rate, noise_multiplier=self.noise_multiplier
         )
 
+    def accounting_prv(self, inf_budget: float) -> PrivacyRandomVariable:
+        """With a +inf budget: the one-component capped mixture, whose discretisation prv-accountant accepts where
+        its own PRV's mean check fails (small sigma, large q); the law below the cap is the same."""
+        if inf_budget <= 0.0:
+            return self.prv()
+        from dpbench.privacy.mixture import capped_subsampled_gaussian  # mixture.py builds on this module
+
+        return capped_subsampled_gaussian(self.sampling_rate, self.noise_multiplier, inf_budget)
+
     @property
     def is_trivial(self) -> bool:
         return self.sampling_rate == 0.0

@@ -260,10 +260,23 @@ class SubsampledGaussianMixture(Mechanism):
 def _capped_prv(mechanism: SubsampledGaussianMixture, inf_budget: float) -> SubsampledGaussianMixturePRV:
     eta = mechanism.revealed_mass(inf_budget)
     sigmas, weights = mechanism.components(eta)
+    return capped_prv(mechanism.sampling_rate, sigmas, weights, eta, inf_budget)
 
+
+@lru_cache(maxsize=64)
+def capped_subsampled_gaussian(sampling_rate: float, sigma: float, inf_budget: float) -> SubsampledGaussianMixturePRV:
+    """The plain Poisson-subsampled Gaussian as a one-component capped mixture: the same law below the cap, and a
+    mean computed per component (prv-accountant's quadrature of a truncated PRV's mean fails at small sigma and
+    large q, which used to force the looser RDP fallback)."""
+    return capped_prv(sampling_rate, np.array([sigma]), np.array([1.0]), 0.0, inf_budget)
+
+
+def capped_prv(q: float, sigmas: np.ndarray, weights: np.ndarray, eta: float,
+               inf_budget: float) -> SubsampledGaussianMixturePRV:
+    """The mixture capped at the smallest loss whose mass above (plus the revealed tail eta) fits in inf_budget."""
     def excess(log_cap: float) -> float:
-        above = mixture_sf(mechanism.sampling_rate, sigmas, weights, np.array([math.exp(log_cap)]))[0]
-        return math.log(mechanism.sampling_rate * eta + above) - math.log(inf_budget)
+        above = mixture_sf(q, sigmas, weights, np.array([math.exp(log_cap)]))[0]
+        return math.log(max(q * eta + above, 1e-300)) - math.log(inf_budget)
 
     low, high = math.log(MIN_CAP), math.log(MAX_LOSS_CAP)
     if inf_budget <= 0.0 or excess(high) >= 0.0:
@@ -272,4 +285,4 @@ def _capped_prv(mechanism: SubsampledGaussianMixture, inf_budget: float) -> Subs
         cap = MIN_CAP
     else:
         cap = math.exp(min(high, optimize.brentq(excess, low, high, xtol=1e-3) + 1e-3))  # the root's upper side
-    return SubsampledGaussianMixturePRV(mechanism.sampling_rate, sigmas, weights, eta, cap)
+    return SubsampledGaussianMixturePRV(q, sigmas, weights, eta, cap)

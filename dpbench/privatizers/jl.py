@@ -100,6 +100,20 @@ def forward_ad_kernels(model: nn.Module, recorded: dict[nn.Module, Recorded] | N
         yield
 
 
+class Replay:
+    """The global random state at the start of a step, restorable, so every pass sees the same random ops."""
+
+    def __init__(self, model: nn.Module):
+        self.devices = sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
+        self.cpu = torch.get_rng_state()
+        self.cuda = [torch.cuda.get_rng_state(device) for device in self.devices]
+
+    def restore(self) -> None:
+        torch.set_rng_state(self.cpu)
+        for device, state in zip(self.devices, self.cuda, strict=True):
+            torch.cuda.set_rng_state(state, device)
+
+
 class JL(PrivatizerStrategy):
     name = "jl"
 
@@ -138,8 +152,11 @@ class JL(PrivatizerStrategy):
             for name, p in params.items()
         }
 
-    def _jvp_chunks(self, model: nn.Module, task: Task, batch: Batch, params: dict[str, Tensor], count: int) -> Tensor:
-        """(B, count) projections <grad loss_i, v_j>, without an autograd graph, directions batched by vmap."""
+    def _jvp_chunks(
+        self, model: nn.Module, task: Task, batch: Batch, params: dict[str, Tensor], count: int, replay: Replay
+    ) -> Tensor:
+        """(B, count) projections <grad loss_i, v_j>, without an autograd graph, directions batched by vmap; every
+        chunk replays the random stream of the pass whose graph the backward uses (same dropout masks)."""
         def losses(values: dict[str, Tensor]) -> Tensor:
             return task.per_sample_loss(lambda x: functional_call(model, values, (x,)), batch)
 
@@ -151,6 +168,7 @@ class JL(PrivatizerStrategy):
         with torch.no_grad():
             for start in range(0, count, size):
                 tangents = self._draw(params, min(size, count - start))
+                replay.restore()
                 parts.append(vmap(project, randomness="same")(tangents))
         if not parts:
             return torch.zeros(batch_size_of(batch), 0, device=next(iter(params.values())).device)
@@ -160,37 +178,21 @@ class JL(PrivatizerStrategy):
         """Per-sample losses (with their autograd graph) and the (B, r) JL projections of their gradients."""
         trainable = trainable_parameters(model)
         detached = {name: p.detach() for name, p in trainable.items()}
-        devices = self._devices(model)
+        replay = Replay(model)
         if self.recurrent:
-            generator_states = self._generator_states(devices)
             with recording_lstms(model) as recorded:
                 losses = task.per_sample_loss(model, batch)
-            with torch.random.fork_rng(devices=devices), forward_ad_kernels(model, recorded):
-                self._restore_generators(generator_states, devices)  # the jvp pass replays the graph pass's randomness
-                projected = self._jvp_chunks(model, task, batch, detached, self.config.projections)
+            with torch.random.fork_rng(devices=replay.devices), forward_ad_kernels(model, recorded):
+                projected = self._jvp_chunks(model, task, batch, detached, self.config.projections, replay)
             return losses, projected
-        with torch.random.fork_rng(devices=devices), forward_ad_kernels(model):
-            projected = self._jvp_chunks(model, task, batch, detached, self.config.projections - 1)
+        with torch.random.fork_rng(devices=replay.devices), forward_ad_kernels(model):
+            projected = self._jvp_chunks(model, task, batch, detached, self.config.projections - 1, replay)
         first = self._draw(detached, 1)
         with fwad.dual_level(), forward_ad_kernels(model):
             duals = {name: fwad.make_dual(p, first[name][0]) for name, p in trainable.items()}
             dual_losses = task.per_sample_loss(lambda x: functional_call(model, duals, (x,)), batch)
             losses, tangent = fwad.unpack_dual(dual_losses)
         return losses, torch.cat([tangent.detach().unsqueeze(1), projected], dim=1)
-
-    @staticmethod
-    def _devices(model: nn.Module) -> list[int]:
-        return sorted({p.device.index or 0 for p in model.parameters() if p.device.type == "cuda"})
-
-    @staticmethod
-    def _generator_states(devices: list[int]) -> tuple[Tensor, list[Tensor]]:
-        return torch.get_rng_state(), [torch.cuda.get_rng_state(device) for device in devices]
-
-    @staticmethod
-    def _restore_generators(states: tuple[Tensor, list[Tensor]], devices: list[int]) -> None:
-        torch.set_rng_state(states[0])
-        for device, state in zip(devices, states[1], strict=True):
-            torch.cuda.set_rng_state(state, device)
 
     def reweighted_sum(self, model: nn.Module, losses: Tensor, norms: Tensor) -> dict[str, Tensor]:
         """sum_i min(1, C / norms_i) grad loss_i by one backward pass (exact clipping when norms are exact)."""

@@ -30,19 +30,21 @@ def _times(start: int, stop: int, steps: int, directions: int, device: torch.dev
 
 
 def _chunk_inputs(x: Tensor, output: Tensor, times: Tensor, hidden: int) -> Tensor:
-    """[x_t, h_{t-1}] (in processing order, zero before the first step) for a chunk: (D, t, B, in + H)."""
+    """[x_t, h_{t-1}, 1] (in processing order, zero before the first step) for a chunk: (D, t, B, in + H + 1); the
+    ones column carries the bias through the same matmul."""
     steps = x.shape[1]
     parts = []
     for d, time in enumerate(times):
         previous_time = time - 1 if d == 0 else time + 1
-        previous = output[..., d * hidden : (d + 1) * hidden].index_select(1, previous_time.clamp(0, steps - 1))
+        # advanced indexing copies only the chunk (index_select would first copy a non-contiguous kernel output)
+        previous = output[:, previous_time.clamp(0, steps - 1), d * hidden : (d + 1) * hidden]
         previous = previous * ((previous_time >= 0) & (previous_time < steps)).to(x.dtype)[None, :, None]
-        parts.append(torch.cat([x.index_select(1, time), previous], -1))
+        parts.append(torch.cat([x[:, time], previous, x.new_ones(x.shape[0], time.numel(), 1)], -1))
     return torch.stack(parts).transpose(1, 2)
 
 
 def _driven(inputs: Tensor, tangent_matrix: Tensor, directions: int, count: int) -> Tensor:
-    """[x_t, h_{t-1}] @ [dW_ih, dW_hh]^T for `count` tangents at once: (D, t, B, F) -> (D, t, count, B, 4H)."""
+    """[x_t, h_{t-1}, 1] @ [dW_ih, dW_hh, db]^T for `count` tangents at once: (D, t, B, F) -> (D, t, count, B, 4H)."""
     _, steps, batch, features = inputs.shape
     flat = torch.bmm(inputs.reshape(directions, steps * batch, features), tangent_matrix)
     return flat.view(directions, steps, batch, count, -1).transpose(2, 3)
@@ -65,9 +67,8 @@ def lstm_layer_tangents(
     count = dw_ih.shape[0]
     directions, gates, hidden = w_hh.shape
     batch, steps, _ = x.shape
-    primal_matrix = torch.cat([w_ih, w_hh], 2).transpose(1, 2)
-    tangent_matrix = torch.cat([dw_ih, dw_hh], 3).permute(1, 3, 0, 2).flatten(2)  # (D, in + H, R * 4H)
-    tangent_bias = dbias.transpose(0, 1)[:, None, :, None]  # (D, 1, R, 1, 4H)
+    primal_matrix = torch.cat([w_ih, w_hh, bias.unsqueeze(2)], 2).transpose(1, 2)
+    tangent_matrix = torch.cat([dw_ih, dw_hh, dbias.unsqueeze(3)], 3).permute(1, 3, 0, 2).flatten(2)  # (D, F, R 4H)
     w_ih_t, w_hh_t = w_ih.transpose(1, 2), w_hh.transpose(1, 2)
     c = x.new_zeros(directions, batch, hidden)
     dh = x.new_zeros(directions, count * batch, hidden)
@@ -77,7 +78,7 @@ def lstm_layer_tangents(
         times = _times(start, min(start + TIME_CHUNK, steps), steps, directions, x.device)
         stacked = _chunk_inputs(x, output, times, hidden)
         chunk = stacked.shape[1]
-        pre = torch.baddbmm(bias.unsqueeze(1), stacked.reshape(directions, chunk * batch, -1), primal_matrix)
+        pre = torch.bmm(stacked.reshape(directions, chunk * batch, -1), primal_matrix)
         pre = pre.view(directions, chunk, batch, gates)
         g = pre[..., 2 * hidden : 3 * hidden].tanh()
         activated = pre.sigmoid_()  # in place: chunk-sized buffers dominate this rule's memory
@@ -95,11 +96,12 @@ def lstm_layer_tangents(
         coefficients = coefficients.unsqueeze(2)
         cell_to_hidden = torch.addcmul(o, o, tanh_c.mul_(tanh_c), value=-1).unsqueeze(2)
         f = f.unsqueeze(2)
-        driven = _driven(stacked, tangent_matrix, directions, count) + tangent_bias
-        if dx is not None:
-            moved = torch.stack([dx.index_select(2, time) for time in times]).permute(0, 3, 1, 2, 4)
-            driven = driven + torch.bmm(moved.reshape(directions, -1, dx.shape[-1]), w_ih_t).view_as(driven)
-        driven = driven.contiguous()
+        driven = _driven(stacked, tangent_matrix, directions, count)
+        if dx is None:
+            driven = driven.contiguous()
+        else:
+            moved = torch.stack([dx[:, :, time] for time in times]).permute(0, 3, 1, 2, 4)
+            driven = torch.bmm(moved.reshape(directions, -1, dx.shape[-1]), w_ih_t).view(driven.shape).add_(driven)
         for t in range(chunk):
             da = torch.baddbmm(driven[:, t].view(directions, count * batch, gates), dh, w_hh_t)
             scaled = (coefficients[:, t] * da.view(directions, count, batch, gates)).view(
