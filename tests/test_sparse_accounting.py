@@ -124,3 +124,13 @@ def test_calibration_gives_the_selection_its_budget_and_the_noise_the_rest():
     # One Poisson sample feeds both parts: their losses add before amplification, so the joint figure exceeds
     # each part (here even their sum: large per-step losses amplify less).
     assert spent < plan.planned_epsilon and noise_alone.epsilon < plan.planned_epsilon
+
+
+def test_epsilon_30_word2vec_setting_stays_on_the_prv_path():
+    """The sparse_word2vec experiment's setting (k = 200 draws, eps'' 0.19, q = 0.001, 2,000 steps): its loss domain
+    (+-900) is wide, but the grid at eps_error 0.1 fits, so the figure is the PRV one, far below the RDP bound."""
+    mechanism = SubsampledSelectionGaussian(0.001, 0.4, 0.1879, 200)
+    report = PrivacyAccountant(eps_error=0.1).epsilon([(mechanism, 2000)], 1e-5)
+    assert report.method == "prv"
+    assert 25.0 < report.epsilon < 35.0
+    assert report.epsilon < PrivacyAccountant.rdp_epsilon([(mechanism, 2000)], 1e-5) / 5

@@ -15,7 +15,7 @@ def test_sparse_word2vec_experiment_and_canary_audit(tmp_path):
     assert out["privatizer"] == "sparse" and out["model"] == "word2vec" and out["data"] == "bbc_news"
     assert out["test_metric"] == "loss" and out["steps"] == 30
     assert 2.9 <= out["epsilon"] <= 3.0 and out["draw_epsilon"] == 0.002
-    assert out["selection_draws"] == 100 and out["num_coordinates"] == 100_000
+    assert out["selection_draws"] == 200 and out["num_coordinates"] == 200_000  # two 1K x 100 tables
     assert out["theorem3_epsilon"] > 0 and not out["theorem3_lemmas_hold"]  # sigma ~ 0.7: Lemma 3 needs eps <= 1
     audit = subprocess.run([sys.executable, "-m", "dpbench.audit", str(tmp_path), "--references", "500"], cwd=ROOT,
                            capture_output=True, text=True, timeout=600)

@@ -24,8 +24,9 @@ class Word2VecConfig:
     dim: int = 100
     mode: str = "cbow"
     """cbow (mean of the context predicts the centre word) | skipgram (the centre word predicts each context word)."""
-    tied: bool = True
-    """One table for words and contexts (the paper's 1K x 100 = 100K parameters); false: separate output table."""
+    tied: bool = False
+    """true: one table for words and contexts (the paper's count, 1K x 100 = 100K parameters), but its scores E E^T
+    are positive semi-definite, so it cannot score most negatives below 0 and barely learns; false: an output table."""
     init_std: float = 0.1
 
 

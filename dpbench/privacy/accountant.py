@@ -52,6 +52,8 @@ MAX_DOMAIN = 200.0
 """Largest privacy-loss domain [-L, L] the PRV discretisation may use (memory grows with L / mesh) ..."""
 MAX_DOMAIN_PER_CAP = 3.0
 """... or this many times the largest loss cap, whose PRVs need the domain to reach the cap ..."""
+MAX_GRID_POINTS = 4_000_000
+"""... or as wide as this many grid points allow at the run's mesh (coarse eps_error, e.g. 0.1 at epsilon 30) ..."""
 MAX_DOMAIN_ANY = 10_000.0
 """... but never more: prv-accountant evaluates exp(t) over the domain in long double (overflow past ~11,356)."""
 INF_SHARE = 0.01
@@ -140,11 +142,11 @@ class PrivacyAccountant:
         cap = loss_cap(prvs)
         eps_error = max(self.eps_error, RELATIVE_EPS_ERROR * cap)
         domain = safe_domain(prvs, steps, eps_error=eps_error, delta_error=delta_error)
-        limit = min(MAX_DOMAIN_ANY, max(MAX_DOMAIN, MAX_DOMAIN_PER_CAP * cap))
-        if domain > limit:
-            raise ValueError(f"the PRV domain would span +-{domain:.3g} (limit {limit:g})")
         # prv-accountant's PRVAccountant, step by step (Gopi et al. 2021, Theorem 5.5's mesh), but see `discretise`
         mesh = eps_error / np.sqrt(sum(steps) / 2 * np.log(12 / delta_error))
+        limit = min(MAX_DOMAIN_ANY, max(MAX_DOMAIN, MAX_DOMAIN_PER_CAP * cap, MAX_GRID_POINTS * mesh / 2))
+        if domain > limit:
+            raise ValueError(f"the PRV domain would span +-{domain:.3g} (limit {limit:g})")
         grid = Domain.create_aligned(-domain, domain, mesh)
         composed = Heterogeneous([discretise(prv, grid) for prv in prvs]).compute_composition(steps)
         _, estimate, upper = composed.compute_epsilon(delta, delta_error, eps_error)

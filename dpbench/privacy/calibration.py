@@ -13,7 +13,7 @@ from collections.abc import Callable
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.mechanisms import Composition
 
-SIGMA_MIN = 0.3
+SIGMA_MIN = 0.2
 SIGMA_MAX = 1000.0
 COARSE_EPS_ERROR = 0.05
 

@@ -46,9 +46,11 @@ class SubsampledSelectionGaussianPRV(PrivacyRandomVariable):
         """S <= z(t) exactly when Y <= t; -inf where t <= log(1 - q)."""
         if self.q == 1.0:
             return t
-        inner = np.expm1(t) + self.q
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return np.where(inner > 0, np.log(np.where(inner > 0, inner, 1.0)) - math.log(self.q), -np.inf)
+        floor = math.log1p(-self.q)
+        inside = t > floor
+        safe = np.where(inside, t, floor + 1.0)
+        # log((e^t - (1 - q)) / q), written to stay finite for large t (e^t overflows past ~709)
+        return np.where(inside, safe + np.log(-np.expm1(floor - safe)) - math.log(self.q), -np.inf)
 
     def _cdf_s(self, z: np.ndarray) -> np.ndarray:
         if self.mu is None:
