@@ -73,3 +73,20 @@ def test_initial_state_and_projections_are_refused():
         jvp_lstm_forward(lstm, x, (torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)))
     with pytest.raises(UnsupportedModelError, match="proj_size"):
         jvp_lstm_forward(nn.LSTM(3, 4, proj_size=2), x)
+
+
+def test_a_matching_record_replaces_the_kernel_call(monkeypatch):
+    import dpbench.privatizers.per_sample.lstm_tangent as rule
+
+    calls = []
+    native = rule._native_layer
+    monkeypatch.setattr(rule, "_native_layer", lambda *args: calls.append(1) or native(*args))
+    lstm = nn.LSTM(3, 4, batch_first=True, bidirectional=True)
+    x = torch.randn(2, 5, 3)
+    with torch.no_grad():
+        recorded = record_call(lstm, (x,), lstm(x))
+        jvp_lstm_forward(lstm, x, recorded=recorded)
+        assert not calls
+        jvp_lstm_forward(lstm, x)
+        assert len(calls) == 1
+    assert record_call(lstm, (torch.nn.utils.rnn.pack_sequence([x[0], x[1]]),), lstm(x)) is None

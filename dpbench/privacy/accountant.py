@@ -54,8 +54,9 @@ MAX_DOMAIN_PER_CAP = 3.0
 """... or this many times the largest loss cap, whose PRVs need the domain to reach the cap ..."""
 MAX_GRID_POINTS = 4_000_000
 """... or as wide as this many grid points allow at the run's mesh (coarse eps_error, e.g. 0.1 at epsilon 30) ..."""
-MAX_DOMAIN_ANY = 10_000.0
-"""... but never more: prv-accountant evaluates exp(t) over the domain in long double (overflow past ~11,356)."""
+MAX_DOMAIN_ANY = 10_000.0 if np.finfo(np.longdouble).maxexp > 1024 else 700.0
+"""... but never more: prv-accountant evaluates exp(t) over the domain in long double (overflow past ~11,356 on
+x86; where long double is a double, past ~709)."""
 INF_SHARE = 0.01
 """Share of delta that all steps together may spend as +inf mass from loss caps (Mechanism.accounting_prv)."""
 RELATIVE_EPS_ERROR = 5e-4

@@ -57,7 +57,7 @@ class ImplicitProjection:
 
         z = noise.sample_like(torch.empty(self.dim, device=device), std)
         t = standard_normal(torch.Size([self.dim]))
-        s = {name: tensor.float() for name, tensor in sums.items()}
+        s = {name: tensor.float() for name, tensor in sums.items() if name in self.shapes}
         s_norm = _dot(s, s, device).sqrt()
         inverse = torch.where(s_norm > 0, 1 / s_norm, 0.0)  # s_hat = s * inverse, the zero vector when s = 0
         alpha = s_norm * t.dot(t) / self.dim + z.dot(t) / math.sqrt(self.dim)

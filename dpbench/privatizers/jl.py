@@ -55,7 +55,7 @@ class JLConfig:
 
 
 @contextlib.contextmanager
-def tangent_lstms(model: nn.Module, recorded: dict[nn.Module, Recorded]) -> Iterator[None]:
+def tangent_lstms(model: nn.Module, recorded: dict[nn.Module, Recorded | None]) -> Iterator[None]:
     """Run every nn.LSTM through its forward-mode rule, reusing the graph forward's recorded calls."""
     lstms = [module for module in model.modules() if isinstance(module, nn.LSTM)]
     for module in lstms:
@@ -68,10 +68,10 @@ def tangent_lstms(model: nn.Module, recorded: dict[nn.Module, Recorded]) -> Iter
 
 
 @contextlib.contextmanager
-def recording_lstms(model: nn.Module) -> Iterator[dict[nn.Module, Recorded]]:
+def recording_lstms(model: nn.Module) -> Iterator[dict[nn.Module, Recorded | None]]:
     """Record each nn.LSTM's call during the graph forward (a module called twice keeps its last call, which the
     rule checks against its input before reusing)."""
-    recorded: dict[nn.Module, Recorded] = {}
+    recorded: dict[nn.Module, Recorded | None] = {}
     handles = [
         module.register_forward_hook(lambda m, args, out: recorded.__setitem__(m, record_call(m, args, out)))
         for module in model.modules() if isinstance(module, nn.LSTM)
@@ -84,7 +84,7 @@ def recording_lstms(model: nn.Module) -> Iterator[dict[nn.Module, Recorded]]:
 
 
 @contextlib.contextmanager
-def forward_ad_kernels(model: nn.Module, recorded: dict[nn.Module, Recorded] | None = None) -> Iterator[None]:
+def forward_ad_kernels(model: nn.Module, recorded: dict[nn.Module, Recorded | None] | None = None) -> Iterator[None]:
     """Kernels with forward-mode AD: math attention (fused CPU attention has none) and, for recurrent models, the
     LSTM rule and the non-fused kernels of other RNNs (oneDNN and cuDNN have none; they would slow convolutions,
     hence only for models with such RNNs)."""

@@ -214,8 +214,11 @@ def jvp_lstm_forward(
     return output, (torch.cat(finals_h), torch.cat(finals_c))
 
 
-def record_call(module: nn.LSTM, args: tuple, output: tuple) -> Recorded:
-    """A forward hook's view of a call, batch first and detached, in the form `jvp_lstm_forward` reuses."""
+def record_call(module: nn.LSTM, args: tuple, output: tuple) -> Recorded | None:
+    """A forward hook's view of a call, batch first and detached, in the form `jvp_lstm_forward` reuses (None for
+    calls it cannot reuse, e.g. a PackedSequence, which the jvp pass then refuses with a clear error)."""
+    if not args or not isinstance(args[0], Tensor) or not isinstance(output[0], Tensor):
+        return None
     x, (out, (h, c)) = args[0], output
     if not module.batch_first:
         x, out = x.transpose(0, 1), out.transpose(0, 1)
