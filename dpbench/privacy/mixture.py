@@ -9,8 +9,8 @@ The composed PRV can only over-state the privacy loss:
 - the chi-square law is cut into bins (geometric in the effective noise multiplier and in probability towards the
   dangerous tail, uniform in probability in the bulk); each bin's mass takes the *smallest* effective noise
   multiplier of its bin, which dominates the bin (more noise is post-processing of less);
-- the far tail (mass eta: below `SIGMA_MIN`, whose losses pass any cap, or a sliver of the +inf budget) reveals the
-  sample outright whenever it is sampled: loss +inf with probability q*eta and log(1 - q) otherwise;
+- the far tail (mass eta: below `REVEALED_BELOW_SIGMA`, whose losses pass any cap, or a sliver of the +inf
+  budget) reveals the sample outright whenever it is sampled: loss +inf with probability q*eta and log(1 - q) otherwise;
 - every privacy loss above a cap L is moved to +inf (pm_inf). Raising a loss raises delta(eps) for every eps, and
   the capped pair is dominating (an extra outcome absorbs the other side's mass there), so it composes.
 The cap is chosen for the run being accounted (`accounting_prv`): the accountant grants each step a probability of
@@ -36,7 +36,7 @@ from dpbench.privacy.mechanisms import Mechanism, register_mechanism
 
 MAX_LOSS_CAP = 5_000.0
 """Largest finite loss kept; beyond it every loss counts as +inf (the domain, and the absolute error, scale with it)."""
-SIGMA_MIN = 0.005
+REVEALED_BELOW_SIGMA = 0.005
 """Below this effective noise multiplier a sampled step's loss is about 1/(2 s^2) >= 2 * MAX_LOSS_CAP: revealed."""
 MIN_CAP = 1.0
 MIN_TAIL_MASS = 1e-15
@@ -243,8 +243,9 @@ class SubsampledGaussianMixture(Mechanism):
         return self.effective_sigma(edges[:-1]), np.diff(edges)
 
     def revealed_mass(self, inf_budget: float) -> float:
-        """Tail mass treated as revealing the sample: what SIGMA_MIN forces, else a sliver of the +inf budget."""
-        forced = float(self.tail_probability(SIGMA_MIN))
+        """Tail mass treated as revealing the sample: what REVEALED_BELOW_SIGMA forces, else a sliver of the +inf
+        budget."""
+        forced = float(self.tail_probability(REVEALED_BELOW_SIGMA))
         return min(1.0, max(MIN_TAIL_MASS, forced, REVEALED_SHARE * inf_budget / max(self.sampling_rate, 1e-300)))
 
     def accounting_prv(self, inf_budget: float) -> SubsampledGaussianMixturePRV:
