@@ -211,3 +211,33 @@ def test_every_jvp_chunk_sees_the_graph_forwards_dropout_masks(build):
     ])
     ratio = projected.pow(2).mean(1) / exact
     assert torch.all((ratio - 1).abs() < 5 * (2 / 3000) ** 0.5), ratio
+
+
+@pytest.mark.parametrize("build", [DropoutLSTM, DropoutMLP])
+def test_a_nan_sample_is_dropped_and_the_rest_keep_matching_masks(build):
+    """The fallback redoes both passes on the finite samples: the norms it clips by belong to the backward's losses."""
+    torch.manual_seed(5)
+    model = build().train()
+    ids, labels = sequence_batch()
+    ids = ids.clamp(max=6)
+    ids[1, 0] = 7  # the only sample that reads the NaN row
+    with torch.no_grad():
+        model.embedding.weight[7] = float("nan")
+    strategy = jl(3000, chunk_size=1000)
+    strategy.attach(model)
+    params = [p for p in model.parameters() if p.requires_grad]
+    seen = {}
+
+    def spy(model_, losses, norms):  # the exact squared norms of the losses the backward uses, then that backward
+        seen["norms"], seen["exact"] = norms, torch.stack([
+            sum(g.pow(2).sum() for g in torch.autograd.grad(loss, params, retain_graph=True, allow_unused=True)
+                if g is not None)
+            for loss in losses
+        ])
+        return type(strategy).reweighted_sum(strategy, model_, losses, norms)
+
+    strategy.reweighted_sum = spy
+    _, stats = strategy.accumulate(model, TASK, (ids, labels), StepContext(0, float(len(labels))))
+    assert stats["nonfinite_samples"] == 1 and len(seen["norms"]) == len(labels) - 1
+    ratio = seen["norms"].pow(2) / seen["exact"]
+    assert torch.all((ratio - 1).abs() < 5 * (2 / 3000) ** 0.5), ratio

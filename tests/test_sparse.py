@@ -105,9 +105,10 @@ def test_svt_matches_a_coordinate_by_coordinate_reference():
     assert abs(fast.sum() - naive.sum()) / runs < 0.1
 
 
-def sparse_strategy(selection="exponential", sigma=1.0, clip=1.0, sparsity=0.05, clip2=0.05, draw_epsilon=0.5):
+def sparse_strategy(selection="exponential", sigma=1.0, clip=1.0, sparsity=0.05, clip2=0.05, draw_epsilon=0.5,
+                    lazy_adam=True):
     config = {"name": "sparse", "selection": selection, "sparsity": sparsity, "clip2": clip2,
-              "draw_epsilon": draw_epsilon}
+              "draw_epsilon": draw_epsilon, "lazy_adam": lazy_adam}
     return make_strategy(OmegaConf.create(config), PrivacySettings(clip, 0.01, sigma, seed=0))
 
 
@@ -166,6 +167,38 @@ def test_selected_coordinate_adam_matches_torch_adam_on_the_selected_coordinates
         adam.step()
     torch.testing.assert_close(model.embedding.weight.detach().reshape(-1)[[4, 7]], reference.detach())
     assert model.embedding.weight.detach().reshape(-1)[0].item() == untouched
+
+
+def test_dense_adam_is_torch_adam_on_the_released_update_and_keeps_moving_earlier_selections():
+    """lazy_adam=false (the paper's Opacus setup): torch's Adam on the noisy update, zero off the selection."""
+    torch.manual_seed(0)
+    model = Word2Vec(60, 5)
+    reference = [p.detach().clone().requires_grad_() for p in model.parameters()]
+    adam = torch.optim.Adam(reference, lr=0.05)
+    strategy = sparse_strategy(sparsity=0.02, lazy_adam=False)
+    strategy.attach(model)
+    optimizer = strategy.configure_optimizer(model, OptimizerConfig(name="adam", lr=0.05))
+    selections = []
+    for step in range(3):
+        strategy.privatize(model, TASK, w2v_batch(60, 8), StepContext(step, 8.0))
+        released = torch.zeros(strategy.num_coordinates, dtype=torch.float64)
+        released[strategy.last_selection["indices"]] = strategy.last_selection["noisy"]
+        offset = 0
+        for param in reference:
+            param.grad = released[offset : offset + param.numel()].view_as(param).float()
+            offset += param.numel()
+        adam.step()
+        strategy.apply_update(optimizer)
+        selections.append(set(strategy.last_selection["indices"].tolist()))
+        for param, expected in zip(model.parameters(), reference, strict=True):
+            torch.testing.assert_close(param.detach(), expected.detach())
+    before = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    strategy.privatize(model, TASK, w2v_batch(60, 8), StepContext(3, 8.0))
+    strategy.apply_update(optimizer)
+    after = torch.cat([p.detach().reshape(-1) for p in model.parameters()])
+    moved = set((after != before).nonzero().flatten().tolist())
+    earlier_only = set().union(*selections) - set(strategy.last_selection["indices"].tolist())
+    assert earlier_only and earlier_only <= moved  # momentum from earlier selections, no new privacy cost
 
 
 def test_random_selection_is_a_plain_subsampled_gaussian():

@@ -119,7 +119,6 @@ def audit_step(
     strategy = strategy_factory()
     strategy.prepare(model, 1, delta, None, PrivacyAccountant())  # an audited run is one step long
     strategy.attach(model)
-    optimizer = strategy.configure_optimizer(model, optimizer_config) if optimizer_config else None
     direction = canary_direction(model, task, canary)
     start = [p.detach().clone() for p in trainable_parameters(model).values()]
     expected = float(background[1].shape[0] + 1)
@@ -129,10 +128,11 @@ def audit_step(
         include = bool(trial % 2)
         model.zero_grad(set_to_none=True)
         strategy.privatize(model, task, joined if include else background, StepContext(0, expected))
-        if optimizer is None:
+        if optimizer_config is None:
             scores[include].append(float(_flat_update(model) @ direction))
             continue
-        strategy.apply_update(optimizer)
+        # a fresh optimizer each trial: moments carried over would mix earlier trials (of either world) into this one
+        strategy.apply_update(strategy.configure_optimizer(model, optimizer_config))
         with torch.no_grad():
             params = list(trainable_parameters(model).values())
             change = torch.cat([(before - p).flatten() for before, p in zip(start, params, strict=True)])

@@ -209,12 +209,16 @@ class JL(PrivatizerStrategy):
         estimates = projected.pow(2).mean(1).sqrt()
         stats = clipping_stats(estimates, self.privacy.clip_norm)
         finite = torch.isfinite(estimates)
-        if not bool(finite.all()):  # NaN activations would poison the shared backward: drop those samples, re-run
+        while not bool(finite.all()):
+            # NaN activations would poison the shared backward: drop those samples and redo both passes on the rest,
+            # so that the norms and the backward again see the same random ops (dropout masks)
             keep = finite.nonzero().flatten()
             if keep.numel() == 0:
                 return 0.0, stats
-            batch = (tree_map(lambda t: t[keep], batch[0]), batch[1][keep])
-            losses, estimates = task.per_sample_loss(model, batch), estimates[keep]
+            batch = (tree_map(lambda t, rows=keep: t[rows], batch[0]), batch[1][keep])
+            losses, projected = self.projections(model, task, batch)
+            estimates = projected.pow(2).mean(1).sqrt()
+            finite = torch.isfinite(estimates)
         for name, grad in self.reweighted_sum(model, losses, estimates).items():
             self._sums[name] = self._sums[name] + grad if name in self._sums else grad
         return float(losses.detach().sum()), stats

@@ -55,6 +55,11 @@ class SparseConfig:
     svt_threshold: float = 0.5
     """SVT threshold alpha, in units of S0."""
     calibration_tolerance: float = 0.01
+    lazy_adam: bool = True
+    """true: Adam's moments and bias correction advance only where a coordinate is selected, so nothing else moves.
+    false: torch's Adam on the released update (zero off the selection), as the paper's Opacus code ran it: moments
+    decay every step, so a coordinate keeps moving on its momentum after it was selected (post-processing, no
+    privacy cost)."""
 
 
 @dataclass
@@ -224,9 +229,11 @@ class Sparse(PrivatizerStrategy):
             raise ConfigurationError("privatizer=sparse updates selected coordinates only: no weight decay, momentum")
         if optimizer_config.lr <= 0:
             raise ConfigurationError(f"optimizer.lr must be positive, got {optimizer_config.lr}")
+        params = [layout.param for layout in self.layouts]
+        if optimizer_config.name == "adam" and not self.config.lazy_adam:
+            return torch.optim.Adam(params, optimizer_config.lr, tuple(optimizer_config.betas), optimizer_config.eps)
         return SelectedCoordinateOptimizer(
-            [layout.param for layout in self.layouts], optimizer_config.name, optimizer_config.lr,
-            tuple(optimizer_config.betas), optimizer_config.eps,
+            params, optimizer_config.name, optimizer_config.lr, tuple(optimizer_config.betas), optimizer_config.eps,
         )
 
     def accumulate(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> tuple[float, dict]:
@@ -304,7 +311,14 @@ class Sparse(PrivatizerStrategy):
 
     def apply_update(self, optimizer: Optimizer) -> None:
         """Through optimizer.step(), so that Lightning's global_step (and max_steps) count sparse steps too."""
-        getattr(optimizer, "optimizer", optimizer).pending = self._pending
+        inner = getattr(optimizer, "optimizer", optimizer)
+        if isinstance(inner, SelectedCoordinateOptimizer):
+            inner.pending = self._pending
+        else:  # dense Adam: the released update, zero off the selection
+            for layout in self.layouts:
+                layout.param.grad = torch.zeros_like(layout.param, memory_format=torch.contiguous_format)
+            for param, (index, values) in self._pending.items():
+                param.grad.view(-1)[index] = values
         optimizer.step()
         self._pending = {}
 

@@ -1,14 +1,15 @@
 """A forward-mode (jvp) rule for nn.LSTM, so JL keeps the fused kernel for the primal pass and its backward.
 
-The fused LSTM kernels (oneDNN, cuDNN) have no forward-mode AD. Inside a forward-AD dual level,
-`dual_lstm_forward` runs the native kernel on the primals (the autograd graph, and with it the fast fused
-backward, is kept) and attaches tangents computed by the linearised recurrence, per direction in processing order:
+The fused LSTM kernels (oneDNN, cuDNN) have no forward-mode AD. Inside JL's jvp pass, `jvp_lstm_forward` takes the
+primal from the graph forward's recorded kernel call (or runs the kernel) and attaches tangents computed by the
+linearised recurrence, per direction in processing order:
     da_t = dW_ih x_t + W_ih dx_t + db + dW_hh h_{t-1} + W_hh dh_{t-1}
     dc_t = f_t dc_{t-1} + i_t(1-i_t) g_t da_i + f_t(1-f_t) c_{t-1} da_f + i_t(1-g_t^2) da_g
     dh_t = o_t(1-o_t) tanh(c_t) da_o + o_t (1 - tanh(c_t)^2) dc_t
 The primal gates are recomputed from the kernel's output sequence (h_{t-1} is known for every t, so one batched
-matmul per chunk of time steps), the cell states by an elementwise scan; only W_hh dh_{t-1} is sequential. Work
-and memory stay O(chunk) beyond the kernel's own, which is what makes JL on an LSTM cost about one extra forward.
+matmul per chunk of time steps), the cell states by an elementwise scan; only W_hh dh_{t-1} is sequential. Memory
+stays O(chunk) beyond the kernel's own; the work is about the kernel's forward and backward together, a third of
+it the gate recompute that the kernel's hidden workspace forces.
 """
 
 from __future__ import annotations
@@ -23,31 +24,10 @@ TIME_CHUNK = 8
 """Time steps whose gates and tangent inputs are held at once."""
 
 
-def _times(start: int, stop: int, steps: int, directions: int, device: torch.device) -> Tensor:
-    """(D, stop - start) time index of processing steps start..stop-1 in each direction (reverse runs T-1..0)."""
-    forward = torch.arange(start, stop, device=device)
-    return torch.stack([forward, steps - 1 - forward][:directions])
-
-
-def _chunk_inputs(x: Tensor, output: Tensor, times: Tensor, hidden: int) -> Tensor:
-    """[x_t, h_{t-1}, 1] (in processing order, zero before the first step) for a chunk: (D, t, B, in + H + 1); the
-    ones column carries the bias through the same matmul."""
-    steps = x.shape[1]
-    parts = []
-    for d, time in enumerate(times):
-        previous_time = time - 1 if d == 0 else time + 1
-        # advanced indexing copies only the chunk (index_select would first copy a non-contiguous kernel output)
-        previous = output[:, previous_time.clamp(0, steps - 1), d * hidden : (d + 1) * hidden]
-        previous = previous * ((previous_time >= 0) & (previous_time < steps)).to(x.dtype)[None, :, None]
-        parts.append(torch.cat([x[:, time], previous, x.new_ones(x.shape[0], time.numel(), 1)], -1))
-    return torch.stack(parts).transpose(1, 2)
-
-
-def _driven(inputs: Tensor, tangent_matrix: Tensor, directions: int, count: int) -> Tensor:
-    """[x_t, h_{t-1}, 1] @ [dW_ih, dW_hh, db]^T for `count` tangents at once: (D, t, B, F) -> (D, t, count, B, 4H)."""
-    _, steps, batch, features = inputs.shape
-    flat = torch.bmm(inputs.reshape(directions, steps * batch, features), tangent_matrix)
-    return flat.view(directions, steps, batch, count, -1).transpose(2, 3)
+def _ordered(sequence: Tensor, direction: int, start: int, stop: int) -> Tensor:
+    """Processing steps start..stop-1 of a (B, T, F) sequence, in the order the direction runs (reverse: T-1..0)."""
+    steps = sequence.shape[1]
+    return sequence[:, start:stop] if direction == 0 else sequence[:, steps - stop : steps - start].flip(1)
 
 
 @torch.no_grad()
@@ -60,57 +40,75 @@ def lstm_layer_tangents(
     x: (B, T, in) primal input; output: (B, T, D*H) the kernel's primal output; weights = (w_ih (D, 4H, in),
     w_hh (D, 4H, H), bias (D, 4H) = b_ih + b_hh) stacked over directions; tangents: the same with a leading R;
     dx: (R, B, T, in) input tangents or None. Returns d output (R, B, T, D*H), d h_n and d c_n (R, D, B, H).
-    The primal gates are computed once and shared by the R tangents.
+    The primal gates are computed once and shared by the R tangents; per time step only the recurrence runs,
+    for all directions and tangents in one batched op each (tangent rows ordered sample-major, (B, R)).
     """
     w_ih, w_hh, bias = weights
     dw_ih, dw_hh, dbias = tangents
     count = dw_ih.shape[0]
     directions, gates, hidden = w_hh.shape
-    batch, steps, _ = x.shape
-    primal_matrix = torch.cat([w_ih, w_hh, bias.unsqueeze(2)], 2).transpose(1, 2)
+    batch, steps, features = x.shape
+    primal_matrix = torch.cat([w_ih, w_hh, bias.unsqueeze(2)], 2).transpose(1, 2).contiguous()  # (D, F, 4H)
     tangent_matrix = torch.cat([dw_ih, dw_hh, dbias.unsqueeze(3)], 3).permute(1, 3, 0, 2).flatten(2)  # (D, F, R 4H)
     w_ih_t, w_hh_t = w_ih.transpose(1, 2), w_hh.transpose(1, 2)
-    c = x.new_zeros(directions, batch, hidden)
-    dh = x.new_zeros(directions, count * batch, hidden)
-    dc = torch.zeros_like(dh)
+    chunk_size = min(TIME_CHUNK, steps)
+    inputs = x.new_empty(directions, chunk_size, batch, features + hidden + 1)  # [x_t, h_{t-1}, 1] per step
+    inputs[..., -1] = 1
+    moved = None if dx is None else x.new_empty(directions, chunk_size, batch, count, features)
+    cells = x.new_zeros(directions, chunk_size + 1, batch, hidden)  # primal c_{t-1}, c_t of the chunk's steps
+    d_hidden = x.new_empty(directions, chunk_size, batch, count, hidden)
+    dh = x.new_zeros(directions, batch * count, hidden)
+    dc = x.new_zeros(directions, batch, count, hidden)
     d_output = x.new_empty(count, batch, steps, directions * hidden)
-    for start in range(0, steps, TIME_CHUNK):
-        times = _times(start, min(start + TIME_CHUNK, steps), steps, directions, x.device)
-        stacked = _chunk_inputs(x, output, times, hidden)
-        chunk = stacked.shape[1]
-        pre = torch.bmm(stacked.reshape(directions, chunk * batch, -1), primal_matrix)
-        pre = pre.view(directions, chunk, batch, gates)
+    for start in range(0, steps, chunk_size):
+        stop = min(start + chunk_size, steps)
+        chunk = stop - start
+        for d in range(directions):
+            inputs[d, :chunk, :, :features] = _ordered(x, d, start, stop).transpose(0, 1)
+            previous = _ordered(output[..., d * hidden : (d + 1) * hidden], d, max(start - 1, 0), stop - 1)
+            inputs[d, chunk - previous.shape[1] : chunk, :, features:-1] = previous.transpose(0, 1)
+            if start == 0:
+                inputs[d, 0, :, features:-1] = 0
+            if dx is not None:  # (R, B, t, in) -> (t, B, R, in), slicing before any copy
+                in_order = dx[:, :, start:stop] if d == 0 else dx[:, :, steps - stop : steps - start].flip(2)
+                moved[d, :chunk] = in_order.permute(2, 1, 0, 3)
+        stacked = inputs[:, :chunk].reshape(directions, chunk * batch, -1)
+        pre = torch.bmm(stacked, primal_matrix).view(directions, chunk, batch, gates)
         g = pre[..., 2 * hidden : 3 * hidden].tanh()
         activated = pre.sigmoid_()  # in place: chunk-sized buffers dominate this rule's memory
         i, f, _, o = activated.chunk(4, dim=-1)
-        c_prev, ig = torch.empty_like(g), i * g
-        for t in range(chunk):
-            c_prev[:, t] = c
-            c = torch.addcmul(ig[:, t], f[:, t], c)
-        tanh_c = torch.addcmul(ig, f, c_prev).tanh_()
+        ig = i * g
+        cells[:, 0] = cells[:, chunk_size if start else 0]
+        c_prev, c_next = cells[:, :chunk], cells[:, 1 : chunk + 1]
+        for ig_t, f_t, c_prev_t, c_t in zip(ig.unbind(1), f.unbind(1), c_prev.unbind(1), c_next.unbind(1), strict=True):
+            torch.addcmul(ig_t, f_t, c_prev_t, out=c_t)
+        tanh_c = c_next.tanh()
         coefficients = torch.addcmul(activated, activated, activated, value=-1)  # sigmoid slopes, then in place:
         coefficients[..., :hidden].mul_(g)
         coefficients[..., hidden : 2 * hidden].mul_(c_prev)
         coefficients[..., 2 * hidden : 3 * hidden] = torch.addcmul(i, i, g.mul_(g), value=-1)
         coefficients[..., 3 * hidden :].mul_(tanh_c)
-        coefficients = coefficients.unsqueeze(2)
-        cell_to_hidden = torch.addcmul(o, o, tanh_c.mul_(tanh_c), value=-1).unsqueeze(2)
-        f = f.unsqueeze(2)
-        driven = _driven(stacked, tangent_matrix, directions, count)
-        if dx is None:
-            driven = driven.contiguous()
-        else:
-            moved = torch.stack([dx[:, :, time] for time in times]).permute(0, 3, 1, 2, 4)
-            driven = torch.bmm(moved.reshape(directions, -1, dx.shape[-1]), w_ih_t).view(driven.shape).add_(driven)
-        for t in range(chunk):
-            da = torch.baddbmm(driven[:, t].view(directions, count * batch, gates), dh, w_hh_t)
-            scaled = (coefficients[:, t] * da.view(directions, count, batch, gates)).view(
-                directions, count, batch, 4, hidden)
-            dc = torch.addcmul(scaled[..., :3, :].sum(-2), f[:, t], dc.view_as(scaled[..., 0, :])).flatten(1, 2)
-            dh = torch.addcmul(scaled[..., 3, :], cell_to_hidden[:, t], dc.view_as(scaled[..., 0, :])).flatten(1, 2)
-            for d, time in enumerate(times[:, t].tolist()):
-                d_output[:, :, time, d * hidden : (d + 1) * hidden] = dh[d].view(count, batch, hidden)
-    split = lambda state: state.view(directions, count, batch, hidden).transpose(0, 1)  # noqa: E731
+        cell_to_hidden = torch.addcmul(o, o, tanh_c.mul_(tanh_c), value=-1)
+        driven = torch.bmm(stacked, tangent_matrix)  # (D, t B, R 4H) = (D, t, B, R, 4H)
+        if dx is not None:
+            driven.view(directions, -1, gates).baddbmm_(moved[:, :chunk].reshape(directions, -1, features), w_ih_t)
+        per_step = zip(
+            driven.view(directions, chunk, batch * count, gates).unbind(1),
+            coefficients.view(directions, chunk, batch, 1, 4, hidden).unbind(1),  # broadcast over the tangents
+            f.unsqueeze(3).unbind(1), cell_to_hidden.unsqueeze(3).unbind(1), d_hidden[:, :chunk].unbind(1),
+            strict=True,
+        )
+        for driven_t, coefficients_t, f_t, cell_to_hidden_t, d_hidden_t in per_step:
+            scaled = driven_t.baddbmm_(dh, w_hh_t).view(directions, batch, count, 4, hidden).mul_(coefficients_t)
+            from_i, from_f, from_g, from_o = scaled.unbind(3)
+            dc = torch.addcmul(from_i, f_t, dc).add_(from_f).add_(from_g)
+            torch.addcmul(from_o, cell_to_hidden_t, dc, out=d_hidden_t)
+            dh = d_hidden_t.view(directions, batch * count, hidden)
+        for d in range(directions):
+            ordered = d_hidden[d, :chunk] if d == 0 else d_hidden[d, :chunk].flip(0)
+            times = slice(start, stop) if d == 0 else slice(steps - stop, steps - start)
+            d_output[:, :, times, d * hidden : (d + 1) * hidden] = ordered.permute(2, 1, 0, 3)
+    split = lambda state: state.reshape(directions, batch, count, hidden).permute(2, 0, 1, 3)  # noqa: E731
     return d_output, split(dh), split(dc)
 
 
@@ -166,8 +164,11 @@ class _NativeLayer(torch.autograd.Function):
     @staticmethod
     def forward(x, w_ih, w_hh, bias, training, recorded):  # noqa: ANN001, ANN205
         if recorded is not None and recorded[0].shape == x.shape and torch.equal(recorded[0], x):
-            return recorded[1:]
-        return _native_layer(x, w_ih, w_hh, bias, training)
+            output, h, c = recorded[1:]
+        else:
+            output, h, c = _native_layer(x, w_ih, w_hh, bias, training)
+        # contiguous like the rule's tangent: forward AD would otherwise re-lay the tangent out through zeros and a copy
+        return output.contiguous(), h, c
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
