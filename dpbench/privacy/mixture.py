@@ -33,6 +33,7 @@ from prv_accountant.privacy_random_variables import PrivacyRandomVariable
 from scipy import integrate, optimize, special, stats
 
 from dpbench.privacy.mechanisms import Mechanism, register_mechanism
+from dpbench.privacy.subsampling import log_subsampled_moment, loss_threshold
 
 MAX_LOSS_CAP = 5_000.0
 """Largest finite loss kept; beyond it every loss counts as +inf (the domain, and the absolute error, scale with it)."""
@@ -63,17 +64,6 @@ def _geometric(start: float, stop: float, ratio: float) -> np.ndarray:
     return start * ratio ** np.arange(count)
 
 
-def _threshold(q: float, t: np.ndarray) -> np.ndarray:
-    """z with loss(x) = t at x = s^2 z + 1/2, i.e. z = log((e^t - (1 - q)) / q); -inf at or below log(1 - q)."""
-    if q >= 1.0:
-        return t.copy()
-    floor = math.log1p(-q)
-    inside = (t > floor) & np.isfinite(t)
-    safe = np.where(inside, t, 1.0)
-    z = safe + np.log(-np.expm1(floor - safe)) - math.log(q)  # accurate near log(1 - q) and for large t
-    return np.where(inside, z, np.where(t > floor, np.inf, -np.inf))
-
-
 def _loss(q: float, x: np.ndarray, sigma: np.ndarray) -> np.ndarray:
     """Privacy loss log(1 - q + q exp((2x - 1) / (2 s^2))) at Gaussian output x."""
     exponent = (2 * x - 1) / (2 * sigma**2)
@@ -85,7 +75,7 @@ def mixture_sf(q: float, sigmas: np.ndarray, weights: np.ndarray, t: np.ndarray)
 
     Each Gaussian branch is evaluated only within WINDOW standard deviations of its threshold (beyond, its tail is
     below 1e-19 and is taken as 0 or 1), so a component costs the grid points where its law changes."""
-    z = _threshold(q, t)
+    z = loss_threshold(q, t)
     if z.size <= DENSE_POINTS:  # few points (quadrature, cap search): one dense pass beats the windows' loop
         s = sigmas[:, None]
         return weights @ (q * special.ndtr(0.5 / s - s * z) + (1 - q) * special.ndtr(-0.5 / s - s * z))
@@ -156,7 +146,7 @@ class SubsampledGaussianMixturePRV(PrivacyRandomVariable):
         """E[Y | Y finite], by Simpson's rule per component in the Gaussian's own coordinate (smooth there), up to
         the output at which the loss reaches the cap; prv-accountant shifts the discretisation to this mean."""
         q, s = self.q, self.sigmas[:, None]
-        x_cap = s**2 * _threshold(q, np.array([self.loss_cap])) + 0.5
+        x_cap = s**2 * loss_threshold(q, np.array([self.loss_cap])) + 0.5
         total = (1 - q) * self.revealed_mass * self.floor if q < 1.0 else 0.0  # the revealed tail's atom
         for mass, centre in ((q, 1.0), (1.0 - q, 0.0)):
             if mass > 0.0:
@@ -197,15 +187,11 @@ class SubsampledGaussianMixturePRV(PrivacyRandomVariable):
         return self._rdp_cache[alpha]
 
     def _integer_order_bound(self, order: int) -> float:
-        """log(sum_k w_k A_n(s_k) + revealed atom) - log(1 - pm_inf), over n - 1, with A_n(s) = E_Q[(P/Q)^n] =
-        sum_j C(n, j) (1 - q)^(n - j) q^j exp(j (j - 1) / (2 s^2)): the finite part's moment is at most the whole."""
+        """log(sum_k w_k A_n(s_k) + revealed atom) - log(1 - pm_inf), over n - 1, with A_n(s) the subsampled
+        Gaussian's moment (unsampled: E_Q[(P/Q)^j] = exp(j (j - 1) / (2 s^2))): the finite part's moment is at most
+        the whole."""
         j = np.arange(order + 1)
-        # q = 1 (or 0): the zero-probability terms are -inf, never 0 * -inf
-        log_q = j * math.log(self.q) if self.q > 0 else np.where(j == 0, 0.0, -np.inf)
-        log_keep = (order - j) * math.log1p(-self.q) if self.q < 1 else np.where(j == order, 0.0, -np.inf)
-        log_binomial = special.gammaln(order + 1) - special.gammaln(j + 1) - special.gammaln(order - j + 1)
-        log_terms = (log_binomial + log_keep + log_q)[None, :] + j * (j - 1) / (2 * self.sigmas[:, None] ** 2)
-        log_moments = special.logsumexp(log_terms, axis=1)
+        log_moments = log_subsampled_moment(self.q, order, j * (j - 1) / (2 * self.sigmas[:, None] ** 2))
         parts = [special.logsumexp(log_moments, b=self.weights)] if self.weights.size else []
         atom = (1 - self.q) * self.revealed_mass
         if atom > 0.0:

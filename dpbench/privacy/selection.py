@@ -20,6 +20,7 @@ from prv_accountant.privacy_random_variables import PrivacyRandomVariable
 from scipy import special, stats
 
 from dpbench.privacy.mechanisms import Mechanism, register_mechanism
+from dpbench.privacy.subsampling import log_subsampled_moment, loss_threshold
 
 ATOM_MASS = 1e-30
 """Binomial atoms lighter than this (under both P and Q) are dropped: their mass is far below any delta error."""
@@ -42,16 +43,6 @@ class SubsampledSelectionGaussianPRV(PrivacyRandomVariable):
         self._sorted_atoms = self.atoms[order]
         self._cumulative = np.cumsum((self.p_weights + self.q_weights)[order])
 
-    def _threshold(self, t: np.ndarray) -> np.ndarray:
-        """S <= z(t) exactly when Y <= t; -inf where t <= log(1 - q)."""
-        if self.q == 1.0:
-            return t
-        floor = math.log1p(-self.q)
-        inside = t > floor
-        safe = np.where(inside, t, floor + 1.0)
-        # log((e^t - (1 - q)) / q), written to stay finite for large t (e^t overflows past ~709)
-        return np.where(inside, safe + np.log(-np.expm1(floor - safe)) - math.log(self.q), -np.inf)
-
     def _cdf_s(self, z: np.ndarray) -> np.ndarray:
         if self.mu is None:
             index = np.searchsorted(self._sorted_atoms, z, side="right")
@@ -67,7 +58,7 @@ class SubsampledSelectionGaussianPRV(PrivacyRandomVariable):
     def cdf(self, t):
         t = np.asarray(t, dtype=np.float64)
         flat = t.reshape(-1)
-        z = self._threshold(flat)
+        z = loss_threshold(self.q, flat)
         out = np.zeros_like(flat)
         finite = np.isfinite(z)
         out[finite] = self._cdf_s(z[finite])
@@ -99,12 +90,8 @@ class SubsampledSelectionGaussianPRV(PrivacyRandomVariable):
             order = 2
         if self.q == 0.0:
             return 0.0
-        i = np.arange(order + 1)
-        log_binomial = special.gammaln(order + 1) - special.gammaln(i + 1) - special.gammaln(order - i + 1)
-        with np.errstate(divide="ignore"):
-            log_rest = (order - i) * np.log1p(-self.q) if self.q < 1 else np.where(i == order, 0.0, -np.inf)
-        terms = log_binomial + i * math.log(self.q) + log_rest + np.array([self._log_mgf_p(k - 1.0) for k in i])
-        return float(special.logsumexp(terms) / (order - 1))
+        log_unsampled = np.array([self._log_mgf_p(j - 1.0) for j in range(order + 1)])  # E_Q[(P/Q)^j]
+        return float(log_subsampled_moment(self.q, order, log_unsampled) / (order - 1))
 
 
 @register_mechanism

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 
 from dpbench.errors import UnsupportedModelError
-from dpbench.privatizers.per_sample.recurrent import check_recomputable
+from dpbench.privatizers.per_sample.recurrent import check_recomputable, stacked_layer_weights
 
 TIME_CHUNK = 8
 """Time steps whose gates and tangent inputs are held at once."""
@@ -182,18 +182,6 @@ class _NativeLayer(torch.autograd.Function):
         return _LayerTangents.apply(x, output, w_ih, w_hh, bias, dx, *filled)
 
 
-def _stacked(module: nn.LSTM, layer: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(w_ih, w_hh, b_ih + b_hh) of a layer, stacked over its directions."""
-    suffixes = [f"_l{layer}" + ("_reverse" if d else "") for d in range(2 if module.bidirectional else 1)]
-    w_ih = torch.stack([getattr(module, "weight_ih" + s) for s in suffixes])
-    w_hh = torch.stack([getattr(module, "weight_hh" + s) for s in suffixes])
-    if module.bias:
-        bias = torch.stack([getattr(module, "bias_ih" + s) + getattr(module, "bias_hh" + s) for s in suffixes])
-    else:
-        bias = w_hh.new_zeros(w_hh.shape[:2])
-    return w_ih, w_hh, bias
-
-
 def jvp_lstm_forward(
     module: nn.LSTM, x: Tensor, hx: tuple[Tensor, Tensor] | None = None, recorded: Recorded | None = None
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
@@ -208,7 +196,8 @@ def jvp_lstm_forward(
     finals_h, finals_c = [], []
     for layer in range(module.num_layers):
         reuse = recorded if module.num_layers == 1 else None
-        layer_input, h, c = _NativeLayer.apply(layer_input, *_stacked(module, layer), module.training, reuse)
+        weights = stacked_layer_weights(module, layer)
+        layer_input, h, c = _NativeLayer.apply(layer_input, *weights, module.training, reuse)
         finals_h.append(h)
         finals_c.append(c)
     output = layer_input if module.batch_first else layer_input.transpose(0, 1)

@@ -37,6 +37,18 @@ def check_recomputable(module: nn.LSTM) -> None:
         raise UnsupportedModelError("nn.LSTM with inter-layer dropout: set dropout=0 for exact per-sample gradients")
 
 
+def stacked_layer_weights(module: nn.LSTM, layer: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(w_ih, w_hh, b_ih + b_hh) of a layer, stacked over its directions (zero bias when the LSTM has none)."""
+    suffixes = [f"_l{layer}" + ("_reverse" if d else "") for d in range(2 if module.bidirectional else 1)]
+    w_ih = torch.stack([getattr(module, "weight_ih" + s) for s in suffixes])
+    w_hh = torch.stack([getattr(module, "weight_hh" + s) for s in suffixes])
+    if module.bias:
+        bias = torch.stack([getattr(module, "bias_ih" + s) + getattr(module, "bias_hh" + s) for s in suffixes])
+    else:
+        bias = w_hh.new_zeros(w_hh.shape[:2])
+    return w_ih, w_hh, bias
+
+
 def _recur(gate_inputs: Tensor, w_hh: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """gate_inputs (D, B, T, 4H) in each direction's processing order; returns outputs and previous states
     (D, B, T, H) in that order, and the final h, c (D, B, H)."""
@@ -67,13 +79,9 @@ def lstm_sites(module: nn.LSTM, x: Tensor, g: tuple, dense: bool) -> SiteMap:
         finals_h, finals_c = [], []
         for layer in range(module.num_layers):
             suffixes = [f"_l{layer}" + ("_reverse" if d else "") for d in range(directions)]
-            w_ih = torch.stack([getattr(module, "weight_ih" + s) for s in suffixes]).detach()
-            w_hh = torch.stack([getattr(module, "weight_hh" + s) for s in suffixes]).detach()
+            w_ih, w_hh, bias = (weight.detach() for weight in stacked_layer_weights(module, layer))
             inputs = torch.stack([layer_input, layer_input.flip(1)][:directions])  # (D, B, T, in)
-            gate_inputs = inputs @ w_ih.transpose(1, 2).unsqueeze(1)
-            if module.bias:
-                bias = torch.stack([getattr(module, "bias_ih" + s) + getattr(module, "bias_hh" + s) for s in suffixes])
-                gate_inputs = gate_inputs + bias.detach()[:, None, None]
+            gate_inputs = inputs @ w_ih.transpose(1, 2).unsqueeze(1) + bias[:, None, None]
             if not gate_inputs.requires_grad:  # the first layer: a leaf
                 gate_inputs.requires_grad_()
             outputs, previous, h, c = _recur(gate_inputs, w_hh)

@@ -1,0 +1,34 @@
+"""Poisson subsampling of a dominating pair, P vs Q -> q P + (1 - q) Q vs Q (prv-accountant's "remove"
+convention): the pieces that the subsampled PRVs (mixture.py, selection.py) share."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from scipy import special
+
+
+def loss_threshold(q: float, t: np.ndarray) -> np.ndarray:
+    """The unsampled loss S at which the subsampled loss log(1 - q + q e^S) equals t: log((e^t - (1 - q)) / q).
+
+    -inf at or below log(1 - q); written to stay accurate there and finite for large t (e^t overflows past ~709)."""
+    t = np.asarray(t, dtype=np.float64)
+    if q >= 1.0:
+        return t.copy()
+    floor = math.log1p(-q)
+    inside = (t > floor) & np.isfinite(t)
+    safe = np.where(inside, t, floor + 1.0)
+    threshold = safe + np.log(-np.expm1(floor - safe)) - math.log(q)
+    return np.where(inside, threshold, np.where(t > floor, np.inf, -np.inf))
+
+
+def log_subsampled_moment(q: float, order: int, log_unsampled: np.ndarray) -> np.ndarray:
+    """log E_Q[((q P + (1 - q) Q) / Q)^n] at an integer order n, from log E_Q[(P / Q)^j] for j = 0..n (the last
+    axis of `log_unsampled`): the binomial expansion of Mironov, Talwar and Zhang (2019)."""
+    j = np.arange(order + 1)
+    # q = 1 (or 0): the zero-probability terms are -inf, never 0 * -inf
+    log_q = j * math.log(q) if q > 0 else np.where(j == 0, 0.0, -np.inf)
+    log_keep = (order - j) * math.log1p(-q) if q < 1 else np.where(j == order, 0.0, -np.inf)
+    log_binomial = special.gammaln(order + 1) - special.gammaln(j + 1) - special.gammaln(order - j + 1)
+    return special.logsumexp(log_binomial + log_keep + log_q + log_unsampled, axis=-1)
