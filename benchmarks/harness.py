@@ -2,7 +2,10 @@
 
 Each case is set up in a new `spawn` process (so its peak memory is its own), timed over `steps` steps after
 `warmup`, and the cases are measured alternately for `rounds` rounds so that load from other processes on a
-shared machine hits all of them alike. Figures are medians over rounds.
+shared machine hits all of them alike. Figures are medians over rounds. On CPU each case also reports its minor page
+faults per timed step: glibc hands large freed blocks back to the kernel, so every step pays to fault its memory in
+again, which adds the same kind of cost to every case and narrows their ratios (a run with
+MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ set high shows the ratios without it).
 """
 
 from __future__ import annotations
@@ -12,6 +15,7 @@ import importlib
 import json
 import multiprocessing
 import platform
+import resource
 import statistics
 import time
 from collections.abc import Callable
@@ -36,14 +40,18 @@ def _measure(module_name: str, case: str, params: dict[str, Any], steps: int, wa
         memory = PeakMemory(device)
         memory.start()
         times = []
-        for _ in range(warmup + steps):
+        for index in range(warmup + steps):
+            if index == warmup:
+                faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
             started = time.perf_counter()
             step()
             if device.type == "cuda":
                 torch.cuda.synchronize(device)
             times.append(time.perf_counter() - started)
         memory.stop()
-        queue.put({"step_time_s": statistics.median(times[warmup:]), "peak_memory_mb": memory.peak_mb})
+        faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(steps, 1)
+        queue.put({"step_time_s": statistics.median(times[warmup:]), "peak_memory_mb": memory.peak_mb,
+                   "page_faults_per_step": faults})
     except Exception as error:  # reported as a failed case, not a crashed benchmark
         queue.put({"error": f"{type(error).__name__}: {error}"})
 
@@ -80,13 +88,15 @@ def compare(
             "step_time_s": step_time,
             "samples_per_s": batch_size / step_time,
             "peak_memory_mb": statistics.median(r["peak_memory_mb"] for r in ok),
+            "page_faults_per_step": statistics.median(r["page_faults_per_step"] for r in ok),
         }
     return summary
 
 
 def print_table(title: str, summary: dict[str, dict[str, float]], baseline: str) -> None:
     print(f"\n{title}")
-    print(f"{'case':>20} {'step ms':>9} {'samples/s':>10} {'peak MB':>9} {'speed vs ' + baseline:>22}")
+    print(f"{'case':>20} {'step ms':>9} {'samples/s':>10} {'peak MB':>9} {'faults/step':>12} "
+          f"{'speed vs ' + baseline:>22}")
     base = summary.get(baseline, {}).get("samples_per_s")
     for case, row in summary.items():
         if "error" in row:
@@ -94,7 +104,7 @@ def print_table(title: str, summary: dict[str, dict[str, float]], baseline: str)
             continue
         ratio = f"{row['samples_per_s'] / base:.2f}x" if base else "-"
         print(f"{case:>20} {row['step_time_s'] * 1e3:9.1f} {row['samples_per_s']:10.0f} "
-              f"{row['peak_memory_mb']:9.1f} {ratio:>22}")
+              f"{row['peak_memory_mb']:9.1f} {row['page_faults_per_step']:12.0f} {ratio:>22}")
 
 
 def print_checks(checks: dict[str, float | None]) -> None:

@@ -102,9 +102,10 @@ def make_step(case: str, device: torch.device, batch_size: int, model_kind: str 
     return _dpbench_step(case, model, next_batch, batch_size, len(data.train))
 
 
-def max_batch(case: str, cap_mb: float, threads: int, sizes: tuple[int, int] = (16, 64)) -> dict:
+def max_batch(case: str, cap_mb: float, threads: int, sizes: tuple[int, int] = (64, 512)) -> dict:
     """Largest batch whose peak step memory stays under the cap, from a linear fit of the peak at two batch sizes
-    (fresh process each): peak(B) = base + B * per_sample."""
+    (fresh process each): peak(B) = base + B * per_sample. Sizes far apart keep the slope above the few MB of
+    resident-size noise (16 and 64 gave fits that moved the answer by a factor of two between runs)."""
     peaks = []
     for size in sizes:
         result = measure("benchmarks.jl_lstm", case, {"batch_size": size, "model_kind": "cnn_large"}, 1, 1, threads)

@@ -96,3 +96,27 @@ def test_sparse_passes_the_audit_through_its_own_update():
                         NegativeSamplingTask(), background, canary, trials=300,
                         optimizer_config=OptimizerConfig(name="sgd", lr=1.0))
     assert result.consistent and math.isfinite(result.claimed_epsilon) and result.claimed_epsilon > 0.5
+
+
+def test_each_trial_starts_from_a_fresh_optimizer(monkeypatch):
+    """A deterministic step (non-private) under Adam: with fresh moments every trial of a world scores the same,
+    while moments carried over from earlier trials would change each score."""
+    import numpy as np
+
+    import dpbench.audit.gradient_canary as audit
+    from dpbench.optim import OptimizerConfig
+
+    seen = {}
+
+    def capture(out_scores, in_scores, delta, confidence):
+        seen["out"], seen["in"] = out_scores, in_scores
+        return 0.0, 0.0, 0.0
+
+    monkeypatch.setattr(audit, "epsilon_lower_bound", capture)
+    background, canary = batches()
+    audit_step(lambda: make_strategy(OmegaConf.create({"name": "nonprivate"}), settings()), model_factory,
+               ClassificationTask(), background, canary, trials=4,
+               optimizer_config=OptimizerConfig(name="adam", lr=0.1))
+    for world in ("out", "in"):
+        np.testing.assert_allclose(seen[world], seen[world][0], rtol=1e-6)
+    assert not np.isclose(seen["out"][0], seen["in"][0])

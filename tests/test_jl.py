@@ -118,6 +118,30 @@ def test_step_is_reweighted_sum_plus_noise_and_directions_are_seeded():
     assert float(noise.std()) == pytest.approx(sigma * clip, rel=0.02)
 
 
+@pytest.mark.parametrize("chunk_size", [1, None])  # one direction per dual pass, or all three under vmap
+def test_skipping_an_unread_output_sequence_changes_no_projection(monkeypatch, chunk_size):
+    """The classifier reads only h_n, so the jvp pass builds no tangent for the LSTM's output sequence; the
+    projections must equal those of the full tangent."""
+    import dpbench.privatizers.jl as jl_module
+
+    torch.manual_seed(6)
+    model, batch = small_lstm(), sequence_batch()
+    flags, mark = [], jl_module.mark_unread_outputs
+
+    def spy(recorded, losses):
+        mark(recorded, losses)
+        flags.extend(call.output_used for call in recorded.values())
+
+    results = []
+    for marker in (spy, lambda recorded, losses: None):
+        monkeypatch.setattr(jl_module, "mark_unread_outputs", marker)
+        strategy = jl(3, chunk_size=chunk_size, seed=11)
+        strategy.attach(model)
+        results.append(strategy.projections(model, TASK, batch)[1])
+    assert flags == [False]
+    torch.testing.assert_close(results[0], results[1])
+
+
 def test_empty_batch_is_a_noise_only_step():
     model = torch.nn.Linear(50, 40)
     strategy = jl(2, sigma=2.0)

@@ -5,11 +5,12 @@ import functools
 
 import pytest
 import torch
+import torch.autograd.forward_ad as fwad
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
 from dpbench.errors import UnsupportedModelError
-from dpbench.privatizers.per_sample.lstm_tangent import jvp_lstm_forward, record_call
+from dpbench.privatizers.per_sample.lstm_tangent import jvp_lstm_forward, mark_unread_outputs, record_call
 
 LAYOUTS = [  # bidirectional, num_layers, batch_first, bias
     (True, 1, True, True),
@@ -90,3 +91,41 @@ def test_a_matching_record_replaces_the_kernel_call(monkeypatch):
         jvp_lstm_forward(lstm, x)
         assert len(calls) == 1
     assert record_call(lstm, (torch.nn.utils.rnn.pack_sequence([x[0], x[1]]),), lstm(x)) is None
+
+
+@pytest.mark.parametrize(("bidirectional", "batch_first"), [(True, True), (False, False)])
+@pytest.mark.parametrize("reads_output", [False, True])
+def test_the_loss_graph_tells_whether_the_output_sequence_is_read(bidirectional, batch_first, reads_output):
+    """Unidirectional batch-second calls return the kernel node's own output, which h_n shares: the edge, not the
+    node, must decide."""
+    torch.manual_seed(2)
+    lstm = nn.LSTM(3, 4, bidirectional=bidirectional, batch_first=batch_first)
+    x = torch.randn((2, 5, 3) if batch_first else (5, 2, 3))
+    out, (h, c) = lstm(x)
+    losses = out.sum((0, 2)) if reads_output else h.sum((0, 2))
+    recorded = {lstm: record_call(lstm, (x,), (out, (h, c)))}
+    mark_unread_outputs(recorded, losses)
+    assert recorded[lstm].output_used == reads_output
+
+
+def test_an_unread_output_gets_no_tangent_and_the_final_states_keep_theirs():
+    torch.manual_seed(3)
+    lstm = nn.LSTM(3, 4, batch_first=True, bidirectional=True).double()
+    x = torch.randn(2, 5, 3, dtype=torch.float64)
+    params = {n: p.detach() for n, p in lstm.named_parameters()}
+    tangents = {n: torch.randn_like(p) for n, p in params.items()}
+    with torch.no_grad():
+        recorded = record_call(lstm, (x,), lstm(x))
+    results = {}
+    for used in (True, False):
+        lstm.forward = functools.partial(jvp_lstm_forward, lstm, recorded=recorded._replace(output_used=used))
+        try:
+            with torch.no_grad(), fwad.dual_level():
+                duals = {n: fwad.make_dual(p, tangents[n]) for n, p in params.items()}
+                out, (h, c) = functional_call(lstm, duals, (x,))
+                results[used] = [fwad.unpack_dual(t).tangent for t in (out, h, c)]
+        finally:
+            del lstm.forward
+    assert results[False][0] is None and results[True][0] is not None
+    torch.testing.assert_close(results[False][1], results[True][1], rtol=0, atol=0)
+    torch.testing.assert_close(results[False][2], results[True][2], rtol=0, atol=0)

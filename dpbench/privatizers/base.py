@@ -153,7 +153,7 @@ class PrivatizerStrategy(ABC):
         """This rank's clipped sum -> the global sum plus N(0, std^2) drawn once (rank 0), identical on all ranks."""
         if distributed.rank() == 0:
             self.noise.to(local_sum.device)
-            local_sum = local_sum + self.noise.sample_like(local_sum, std)
+            local_sum = self.noise.sample_like(local_sum, std).add_(local_sum)  # into the fresh noise buffer
         return distributed.all_reduce_sum(local_sum)
 
     def write_noisy_mean(self, model: nn.Module, clipped_sums: dict[str, Tensor], ctx: StepContext) -> None:

@@ -10,11 +10,13 @@ The sensitivity is random (C * sqrt(r / chi2_r)), so each step is accounted as t
 subsampled Gaussians of Theorems 2.2-2.3 (dpbench.privacy.mixture), never as the plain subsampled Gaussian.
 
 Speed: the first direction runs as a dual forward pass whose primal keeps its autograd graph, so the backward
-reuses that forward; the other directions are batched with vmap over the tangents. Recurrent models are the
+reuses that forward; the other directions are batched with vmap over the tangents (a chunk of one direction runs
+as a plain dual pass, which skips functorch's per-op wrapping). Recurrent models are the
 exception, because the fused LSTM kernels (oneDNN, cuDNN) have no forward-mode AD: the graph forward runs first on
 the fused kernel and records each nn.LSTM call, then all r directions run in one no-grad jvp pass in which every
 nn.LSTM reuses its recorded result as the primal and gets its tangents from a linearised recurrence shared by the
-r directions (dpbench.privatizers.per_sample.lstm_tangent); other RNNs run their non-fused kernels in that pass.
+r directions (dpbench.privatizers.per_sample.lstm_tangent), and an output sequence the loss never reads gets no
+tangent at all; other RNNs run their non-fused kernels in that pass.
 Random ops such as dropout replay the same stream in both passes.
 """
 
@@ -40,7 +42,12 @@ from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepCo
 from dpbench.privatizers.clipping import clip_factors, clipping_stats
 from dpbench.privatizers.noise import GaussianNoise
 from dpbench.privatizers.per_sample import refuse_sample_mixing_layers, trainable_parameters
-from dpbench.privatizers.per_sample.lstm_tangent import Recorded, jvp_lstm_forward, record_call
+from dpbench.privatizers.per_sample.lstm_tangent import (
+    Recorded,
+    jvp_lstm_forward,
+    mark_unread_outputs,
+    record_call,
+)
 from dpbench.tasks import Batch, Task, batch_size_of
 
 
@@ -163,13 +170,22 @@ class JL(PrivatizerStrategy):
         def project(tangents: dict[str, Tensor]) -> Tensor:
             return jvp(losses, (params,), (tangents,))[1]
 
+        def project_one(tangents: dict[str, Tensor]) -> Tensor:
+            """One direction as a plain dual pass: forward AD's native rules, without functorch wrapping each op."""
+            with fwad.dual_level():
+                duals = {name: fwad.make_dual(p, tangents[name][0]) for name, p in params.items()}
+                dual_losses = losses(duals)
+                tangent = fwad.unpack_dual(dual_losses).tangent
+            return (torch.zeros_like(dual_losses) if tangent is None else tangent).unsqueeze(0)
+
         size = self.config.chunk_size or count
         parts = []
         with torch.no_grad():
             for start in range(0, count, size):
-                tangents = self._draw(params, min(size, count - start))
+                chunk = min(size, count - start)
+                tangents = self._draw(params, chunk)
                 replay.restore()
-                parts.append(vmap(project, randomness="same")(tangents))
+                parts.append(project_one(tangents) if chunk == 1 else vmap(project, randomness="same")(tangents))
         if not parts:
             return torch.zeros(batch_size_of(batch), 0, device=next(iter(params.values())).device)
         return torch.cat(parts).T
@@ -182,6 +198,7 @@ class JL(PrivatizerStrategy):
         if self.recurrent:
             with recording_lstms(model) as recorded:
                 losses = task.per_sample_loss(model, batch)
+            mark_unread_outputs(recorded, losses)
             with torch.random.fork_rng(devices=replay.devices), forward_ad_kernels(model, recorded):
                 projected = self._jvp_chunks(model, task, batch, detached, self.config.projections, replay)
             return losses, projected

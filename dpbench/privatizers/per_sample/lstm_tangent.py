@@ -9,10 +9,13 @@ linearised recurrence, per direction in processing order:
 The primal gates are recomputed from the kernel's output sequence (h_{t-1} is known for every t, so one batched
 matmul per chunk of time steps), the cell states by an elementwise scan; only W_hh dh_{t-1} is sequential. Memory
 stays O(chunk) beyond the kernel's own; the work is about the kernel's forward and backward together, a third of
-it the gate recompute that the kernel's hidden workspace forces.
+it the gate recompute that the kernel's hidden workspace forces. When the graph forward's loss does not read the
+output sequence (a classifier on h_n), that sequence gets no tangent: the rule writes only d h_n and d c_n.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
@@ -20,8 +23,11 @@ from torch import Tensor, nn
 from dpbench.errors import UnsupportedModelError
 from dpbench.privatizers.per_sample.recurrent import check_recomputable, stacked_layer_weights
 
-TIME_CHUNK = 8
+TIME_CHUNK = 16
 """Time steps whose gates and tangent inputs are held at once."""
+
+sigmoid_slope = torch.ops.aten.sigmoid_backward.grad_input
+tanh_slope = torch.ops.aten.tanh_backward.grad_input
 
 
 def _ordered(sequence: Tensor, direction: int, start: int, stop: int) -> Tensor:
@@ -33,15 +39,16 @@ def _ordered(sequence: Tensor, direction: int, start: int, stop: int) -> Tensor:
 @torch.no_grad()
 def lstm_layer_tangents(
     x: Tensor, output: Tensor, weights: tuple[Tensor, Tensor, Tensor], dx: Tensor | None,
-    tangents: tuple[Tensor, Tensor, Tensor],
-) -> tuple[Tensor, Tensor, Tensor]:
+    tangents: tuple[Tensor, Tensor, Tensor], with_output: bool = True,
+) -> tuple[Tensor | None, Tensor, Tensor]:
     """Tangents of one LSTM layer (all its directions, batch first, zero initial state) for R tangents at once.
 
     x: (B, T, in) primal input; output: (B, T, D*H) the kernel's primal output; weights = (w_ih (D, 4H, in),
     w_hh (D, 4H, H), bias (D, 4H) = b_ih + b_hh) stacked over directions; tangents: the same with a leading R;
-    dx: (R, B, T, in) input tangents or None. Returns d output (R, B, T, D*H), d h_n and d c_n (R, D, B, H).
-    The primal gates are computed once and shared by the R tangents; per time step only the recurrence runs,
-    for all directions and tangents in one batched op each (tangent rows ordered sample-major, (B, R)).
+    dx: (R, B, T, in) input tangents or None. Returns d output (R, B, T, D*H; None without `with_output`), d h_n
+    and d c_n (R, D, B, H). d output is laid out time-major like the fused kernels' batch-first output, so forward
+    AD takes it as it is. The primal gates are computed once and shared by the R tangents; per time step only the
+    recurrence runs, for all directions and tangents in one batched op each (tangent rows sample-major, (B, R)).
     """
     w_ih, w_hh, bias = weights
     dw_ih, dw_hh, dbias = tangents
@@ -57,9 +64,11 @@ def lstm_layer_tangents(
     moved = None if dx is None else x.new_empty(directions, chunk_size, batch, count, features)
     cells = x.new_zeros(directions, chunk_size + 1, batch, hidden)  # primal c_{t-1}, c_t of the chunk's steps
     d_hidden = x.new_empty(directions, chunk_size, batch, count, hidden)
+    slopes = x.new_empty(directions, chunk_size, batch, gates)
+    cell_to_hidden_buffer = x.new_empty(directions, chunk_size, batch, hidden)
     dh = x.new_zeros(directions, batch * count, hidden)
     dc = x.new_zeros(directions, batch, count, hidden)
-    d_output = x.new_empty(count, batch, steps, directions * hidden)
+    d_sequence = x.new_empty(count, steps, batch, directions * hidden) if with_output else None
     for start in range(0, steps, chunk_size):
         stop = min(start + chunk_size, steps)
         chunk = stop - start
@@ -74,27 +83,30 @@ def lstm_layer_tangents(
                 moved[d, :chunk] = in_order.permute(2, 1, 0, 3)
         stacked = inputs[:, :chunk].reshape(directions, chunk * batch, -1)
         pre = torch.bmm(stacked, primal_matrix).view(directions, chunk, batch, gates)
-        g = pre[..., 2 * hidden : 3 * hidden].tanh()
-        activated = pre.sigmoid_()  # in place: chunk-sized buffers dominate this rule's memory
-        i, f, _, o = activated.chunk(4, dim=-1)
-        ig = i * g
+        i, f, g, o = pre.chunk(4, dim=-1)  # activated in place: chunk-sized buffers dominate this rule's memory
+        pre[..., : 2 * hidden].sigmoid_()
+        g.tanh_()
+        o.sigmoid_()
+        coefficients = slopes[:, :chunk]
+        # d a -> d c and d h slopes, each one fused op: sigmoid_backward(v, s) = v s (1 - s), tanh_backward(v, t) =
+        # v (1 - t^2)
+        sigmoid_slope(g, i, grad_input=coefficients[..., :hidden])
+        tanh_slope(i, g, grad_input=coefficients[..., 2 * hidden : 3 * hidden])
+        ig = i.mul_(g)
         cells[:, 0] = cells[:, chunk_size if start else 0]
         c_prev, c_next = cells[:, :chunk], cells[:, 1 : chunk + 1]
         for ig_t, f_t, c_prev_t, c_t in zip(ig.unbind(1), f.unbind(1), c_prev.unbind(1), c_next.unbind(1), strict=True):
             torch.addcmul(ig_t, f_t, c_prev_t, out=c_t)
         tanh_c = c_next.tanh()
-        coefficients = torch.addcmul(activated, activated, activated, value=-1)  # sigmoid slopes, then in place:
-        coefficients[..., :hidden].mul_(g)
-        coefficients[..., hidden : 2 * hidden].mul_(c_prev)
-        coefficients[..., 2 * hidden : 3 * hidden] = torch.addcmul(i, i, g.mul_(g), value=-1)
-        coefficients[..., 3 * hidden :].mul_(tanh_c)
-        cell_to_hidden = torch.addcmul(o, o, tanh_c.mul_(tanh_c), value=-1)
+        sigmoid_slope(c_prev, f, grad_input=coefficients[..., hidden : 2 * hidden])
+        sigmoid_slope(tanh_c, o, grad_input=coefficients[..., 3 * hidden :])
+        cell_to_hidden = tanh_slope(o, tanh_c, grad_input=cell_to_hidden_buffer[:, :chunk])
         driven = torch.bmm(stacked, tangent_matrix)  # (D, t B, R 4H) = (D, t, B, R, 4H)
         if dx is not None:
             driven.view(directions, -1, gates).baddbmm_(moved[:, :chunk].reshape(directions, -1, features), w_ih_t)
         per_step = zip(
             driven.view(directions, chunk, batch * count, gates).unbind(1),
-            coefficients.view(directions, chunk, batch, 1, 4, hidden).unbind(1),  # broadcast over the tangents
+            coefficients.unflatten(-1, (1, 4, hidden)).unbind(1),  # broadcast over the tangents
             f.unsqueeze(3).unbind(1), cell_to_hidden.unsqueeze(3).unbind(1), d_hidden[:, :chunk].unbind(1),
             strict=True,
         )
@@ -104,12 +116,12 @@ def lstm_layer_tangents(
             dc = torch.addcmul(from_i, f_t, dc).add_(from_f).add_(from_g)
             torch.addcmul(from_o, cell_to_hidden_t, dc, out=d_hidden_t)
             dh = d_hidden_t.view(directions, batch * count, hidden)
-        for d in range(directions):
+        for d in range(directions if d_sequence is not None else 0):
             ordered = d_hidden[d, :chunk] if d == 0 else d_hidden[d, :chunk].flip(0)
             times = slice(start, stop) if d == 0 else slice(steps - stop, steps - start)
-            d_output[:, :, times, d * hidden : (d + 1) * hidden] = ordered.permute(2, 1, 0, 3)
+            d_sequence[:, times, :, d * hidden : (d + 1) * hidden] = ordered.permute(2, 0, 1, 3)
     split = lambda state: state.reshape(directions, batch, count, hidden).permute(2, 0, 1, 3)  # noqa: E731
-    return d_output, split(dh), split(dc)
+    return None if d_sequence is None else d_sequence.transpose(1, 2), split(dh), split(dc)
 
 
 class _LayerTangents(torch.autograd.Function):
@@ -117,17 +129,18 @@ class _LayerTangents(torch.autograd.Function):
     tangents, so the recurrence runs once for all of them instead of batching each of its small ops."""
 
     @staticmethod
-    def forward(x, output, w_ih, w_hh, bias, dx, dw_ih, dw_hh, dbias):  # noqa: ANN001, ANN205
+    def forward(x, output, w_ih, w_hh, bias, dx, dw_ih, dw_hh, dbias, with_output):  # noqa: ANN001, ANN205
         d_output, dh, dc = lstm_layer_tangents(
-            x, output, (w_ih, w_hh, bias), None if dx is None else dx[None], (dw_ih[None], dw_hh[None], dbias[None]))
-        return d_output[0], dh[0], dc[0]
+            x, output, (w_ih, w_hh, bias), None if dx is None else dx[None], (dw_ih[None], dw_hh[None], dbias[None]),
+            with_output)
+        return None if d_output is None else d_output[0], dh[0], dc[0]
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
         """Only used without gradients (inside JL's no-grad jvp pass)."""
 
     @staticmethod
-    def vmap(info, in_dims, x, output, w_ih, w_hh, bias, dx, dw_ih, dw_hh, dbias):  # noqa: ANN001, ANN205
+    def vmap(info, in_dims, x, output, w_ih, w_hh, bias, dx, dw_ih, dw_hh, dbias, with_output):  # noqa: ANN001, ANN205
         if any(dim is not None for dim in in_dims[:5]):
             raise UnsupportedModelError("the forward-mode nn.LSTM rule batches tangents only, not primal inputs")
 
@@ -136,13 +149,21 @@ class _LayerTangents(torch.autograd.Function):
                 return None
             return tensor.expand(info.batch_size, *tensor.shape) if dim is None else tensor.movedim(dim, 0)
 
-        tangents = tuple(leading(t, d) for t, d in zip((dw_ih, dw_hh, dbias), in_dims[6:], strict=True))
-        outputs = lstm_layer_tangents(x, output, (w_ih, w_hh, bias), leading(dx, in_dims[5]), tangents)
-        return outputs, (0, 0, 0)
+        tangents = tuple(leading(t, d) for t, d in zip((dw_ih, dw_hh, dbias), in_dims[6:9], strict=True))
+        outputs = lstm_layer_tangents(x, output, (w_ih, w_hh, bias), leading(dx, in_dims[5]), tangents, with_output)
+        return outputs, (0 if with_output else None, 0, 0)
 
 
-Recorded = tuple[Tensor, Tensor, Tensor, Tensor]
-"""A single-layer LSTM's input, output, h_n and c_n from the step's graph forward (reused as the primal)."""
+class Recorded(NamedTuple):
+    """A single-layer LSTM's call in the step's graph forward: reused as the jvp pass's primal, and asked whether
+    the loss reads the output sequence at all (models that classify from h_n do not: no tangent is built for it)."""
+
+    input: Tensor
+    output: Tensor
+    h: Tensor
+    c: Tensor
+    output_edge: tuple[object, int] | None
+    output_used: bool = True
 
 
 def _native_layer(x: Tensor, w_ih: Tensor, w_hh: Tensor, bias: Tensor, training: bool) -> tuple[Tensor, ...]:
@@ -162,24 +183,24 @@ class _NativeLayer(torch.autograd.Function):
     generate_vmap_rule = True
 
     @staticmethod
-    def forward(x, w_ih, w_hh, bias, training, recorded):  # noqa: ANN001, ANN205
-        if recorded is not None and recorded[0].shape == x.shape and torch.equal(recorded[0], x):
-            output, h, c = recorded[1:]
-        else:
-            output, h, c = _native_layer(x, w_ih, w_hh, bias, training)
-        # contiguous like the rule's tangent: forward AD would otherwise re-lay the tangent out through zeros and a copy
-        return output.contiguous(), h, c
+    def forward(x, w_ih, w_hh, bias, training, recorded, with_output):  # noqa: ANN001, ANN205
+        if recorded is not None and recorded.input.shape == x.shape and torch.equal(recorded.input, x):
+            return recorded.output, recorded.h, recorded.c
+        return _native_layer(x, w_ih, w_hh, bias, training)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
-        x, w_ih, w_hh, bias, _, _ = inputs
+        x, w_ih, w_hh, bias, _, _, with_output = inputs
+        ctx.with_output = with_output
+        if not with_output:  # nothing reads it: it carries no tangent
+            ctx.mark_non_differentiable(output[0])
         ctx.save_for_forward(x, w_ih, w_hh, bias, output[0])
 
     @staticmethod
     def jvp(ctx, dx, dw_ih, dw_hh, dbias, *_):  # noqa: ANN001, ANN205
         x, w_ih, w_hh, bias, output = ctx.saved_tensors
         filled = [torch.zeros_like(p) if t is None else t for t, p in ((dw_ih, w_ih), (dw_hh, w_hh), (dbias, bias))]
-        return _LayerTangents.apply(x, output, w_ih, w_hh, bias, dx, *filled)
+        return _LayerTangents.apply(x, output, w_ih, w_hh, bias, dx, *filled, ctx.with_output)
 
 
 def jvp_lstm_forward(
@@ -187,7 +208,8 @@ def jvp_lstm_forward(
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """nn.LSTM's forward for torch.func.jvp (and vmap over tangents): fused kernel, tangents by the rule above.
 
-    `recorded` (single-layer LSTMs) is the same call's result from the graph forward, reused as the primal.
+    `recorded` is the same call from the graph forward: for single-layer LSTMs its result is reused as the primal,
+    and its `output_used` says whether the top layer's output sequence needs a tangent.
     """
     if hx is not None or not isinstance(x, Tensor):
         raise UnsupportedModelError("forward-mode nn.LSTM supports padded tensors and a zero initial state only")
@@ -196,8 +218,10 @@ def jvp_lstm_forward(
     finals_h, finals_c = [], []
     for layer in range(module.num_layers):
         reuse = recorded if module.num_layers == 1 else None
+        top = layer == module.num_layers - 1
+        with_output = not top or recorded is None or recorded.output_used
         weights = stacked_layer_weights(module, layer)
-        layer_input, h, c = _NativeLayer.apply(layer_input, *weights, module.training, reuse)
+        layer_input, h, c = _NativeLayer.apply(layer_input, *weights, module.training, reuse, with_output)
         finals_h.append(h)
         finals_c.append(c)
     output = layer_input if module.batch_first else layer_input.transpose(0, 1)
@@ -210,6 +234,32 @@ def record_call(module: nn.LSTM, args: tuple, output: tuple) -> Recorded | None:
     if not args or not isinstance(args[0], Tensor) or not isinstance(output[0], Tensor):
         return None
     x, (out, (h, c)) = args[0], output
+    edge = None if out.grad_fn is None else (out.grad_fn, out.output_nr)
     if not module.batch_first:
         x, out = x.transpose(0, 1), out.transpose(0, 1)
-    return x.detach(), out.detach(), h.detach(), c.detach()
+    return Recorded(x.detach(), out.detach(), h.detach(), c.detach(), edge)
+
+
+def _reads(losses: Tensor, edge: tuple[object, int]) -> bool:
+    """Whether the autograd graph of `losses` has `edge` (a node and one of its outputs) among its inputs."""
+    seen, pending = set(), [losses.grad_fn]
+    while pending:
+        node = pending.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        for child, index in node.next_functions:
+            if child is edge[0] and index == edge[1]:
+                return True
+            pending.append(child)
+    return False
+
+
+def mark_unread_outputs(recorded: dict[nn.Module, Recorded | None], losses: Tensor) -> None:
+    """Flag the recorded calls whose output sequence the losses do not depend on (through differentiable ops, which
+    are the only ones that carry a tangent as well): their jvp skips that sequence's tangent. An output without an
+    autograd edge depends on no trainable parameter, so its tangent is zero and is skipped too."""
+    for module, call in recorded.items():
+        if call is not None:
+            recorded[module] = call._replace(
+                output_used=call.output_edge is not None and _reads(losses, call.output_edge))
