@@ -2,9 +2,9 @@
 
 Each case is set up in a new `spawn` process (so its peak memory is its own), timed over `steps` steps after
 `warmup`, and the cases are measured alternately for `rounds` rounds so that load from other processes on a
-shared machine hits all of them alike. Figures are medians over rounds. On CPU each case also reports its minor page
-faults per timed step: glibc hands large freed blocks back to the kernel, so every step pays to fault its memory in
-again, which adds the same kind of cost to every case and narrows their ratios (a run with
+shared machine hits all of them alike. Figures are medians over rounds. Each case also reports its minor page faults
+per timed step (host memory): glibc hands large freed blocks back to the kernel, so on CPU every step pays to fault
+its memory in again, which adds the same kind of cost to every case and narrows their ratios (a run with
 MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ set high shows the ratios without it).
 """
 
@@ -39,7 +39,7 @@ def _measure(module_name: str, case: str, params: dict[str, Any], steps: int, wa
         step = importlib.import_module(module_name).make_step(case, device=device, **params)
         memory = PeakMemory(device)
         memory.start()
-        times = []
+        times, faults = [], resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         for index in range(warmup + steps):
             if index == warmup:
                 faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt

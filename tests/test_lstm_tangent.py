@@ -9,6 +9,7 @@ import torch.autograd.forward_ad as fwad
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
+import dpbench.privatizers.per_sample.lstm_tangent as rule
 from dpbench.errors import UnsupportedModelError
 from dpbench.privatizers.per_sample.lstm_tangent import jvp_lstm_forward, mark_unread_outputs, record_call
 
@@ -32,7 +33,10 @@ def finite_difference(lstm, params, x, tangent, dx, eps=1e-6):
 
 @pytest.mark.parametrize(("bidirectional", "layers", "batch_first", "bias"), LAYOUTS)
 @pytest.mark.parametrize("reuse", [False, True])
-def test_tangents_match_finite_differences(bidirectional, layers, batch_first, bias, reuse):
+@pytest.mark.parametrize("time_chunk", [None, 3])  # 3: chunks carry the cell state over, and the last is partial
+def test_tangents_match_finite_differences(monkeypatch, bidirectional, layers, batch_first, bias, reuse, time_chunk):
+    if time_chunk is not None:
+        monkeypatch.setattr(rule, "TIME_CHUNK", time_chunk)
     torch.manual_seed(0)
     lstm = nn.LSTM(5, 6, num_layers=layers, bidirectional=bidirectional, batch_first=batch_first, bias=bias).double()
     x = torch.randn((4, 7, 5) if batch_first else (7, 4, 5), dtype=torch.float64)
@@ -77,8 +81,6 @@ def test_initial_state_and_projections_are_refused():
 
 
 def test_a_matching_record_replaces_the_kernel_call(monkeypatch):
-    import dpbench.privatizers.per_sample.lstm_tangent as rule
-
     calls = []
     native = rule._native_layer
     monkeypatch.setattr(rule, "_native_layer", lambda *args: calls.append(1) or native(*args))
@@ -106,6 +108,18 @@ def test_the_loss_graph_tells_whether_the_output_sequence_is_read(bidirectional,
     recorded = {lstm: record_call(lstm, (x,), (out, (h, c)))}
     mark_unread_outputs(recorded, losses)
     assert recorded[lstm].output_used == reads_output
+
+
+def test_an_output_without_autograd_history_counts_as_read():
+    """Reentrant checkpointing runs the forward without grad and recomputes it in the backward: no edge is no
+    evidence that the loss ignores the output."""
+    lstm = nn.LSTM(3, 4, batch_first=True)
+    x = torch.randn(2, 5, 3)
+    with torch.no_grad():
+        recorded = {lstm: record_call(lstm, (x,), lstm(x))}
+    out, (h, _) = lstm(x)
+    mark_unread_outputs(recorded, h.sum((0, 2)))
+    assert recorded[lstm].output_used
 
 
 def test_an_unread_output_gets_no_tangent_and_the_final_states_keep_theirs():

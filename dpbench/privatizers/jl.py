@@ -76,13 +76,14 @@ def tangent_lstms(model: nn.Module, recorded: dict[nn.Module, Recorded | None]) 
 
 @contextlib.contextmanager
 def recording_lstms(model: nn.Module) -> Iterator[dict[nn.Module, Recorded | None]]:
-    """Record each nn.LSTM's call during the graph forward (a module called twice keeps its last call, which the
-    rule checks against its input before reusing)."""
+    """Record each nn.LSTM's calls during the graph forward (a module called twice keeps its last call's tensors,
+    which the rule checks against its input before reusing, and every call's output edge)."""
     recorded: dict[nn.Module, Recorded | None] = {}
-    handles = [
-        module.register_forward_hook(lambda m, args, out: recorded.__setitem__(m, record_call(m, args, out)))
-        for module in model.modules() if isinstance(module, nn.LSTM)
-    ]
+
+    def record(module: nn.Module, args: tuple, output: tuple) -> None:
+        recorded[module] = record_call(module, args, output, recorded.get(module))
+
+    handles = [module.register_forward_hook(record) for module in model.modules() if isinstance(module, nn.LSTM)]
     try:
         yield recorded
     finally:

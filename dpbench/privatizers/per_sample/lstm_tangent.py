@@ -155,14 +155,16 @@ class _LayerTangents(torch.autograd.Function):
 
 
 class Recorded(NamedTuple):
-    """A single-layer LSTM's call in the step's graph forward: reused as the jvp pass's primal, and asked whether
-    the loss reads the output sequence at all (models that classify from h_n do not: no tangent is built for it)."""
+    """An nn.LSTM's calls in the step's graph forward. The last call's tensors are reused as the jvp pass's primal
+    (single-layer modules, when the input matches); the output sequences' autograd edges, one per call, answer
+    whether the loss reads any of them (a classifier on h_n does not: the top layer's output then gets no tangent).
+    """
 
     input: Tensor
     output: Tensor
     h: Tensor
     c: Tensor
-    output_edge: tuple[object, int] | None
+    output_edges: tuple[tuple[object, int] | None, ...]
     output_used: bool = True
 
 
@@ -228,38 +230,40 @@ def jvp_lstm_forward(
     return output, (torch.cat(finals_h), torch.cat(finals_c))
 
 
-def record_call(module: nn.LSTM, args: tuple, output: tuple) -> Recorded | None:
+def record_call(module: nn.LSTM, args: tuple, output: tuple, earlier: Recorded | None = None) -> Recorded | None:
     """A forward hook's view of a call, batch first and detached, in the form `jvp_lstm_forward` reuses (None for
-    calls it cannot reuse, e.g. a PackedSequence, which the jvp pass then refuses with a clear error)."""
+    calls it cannot reuse, e.g. a PackedSequence, which the jvp pass then refuses with a clear error). `earlier`,
+    the module's record from a previous call in the same forward, passes on its output edges."""
     if not args or not isinstance(args[0], Tensor) or not isinstance(output[0], Tensor):
         return None
     x, (out, (h, c)) = args[0], output
     edge = None if out.grad_fn is None else (out.grad_fn, out.output_nr)
     if not module.batch_first:
         x, out = x.transpose(0, 1), out.transpose(0, 1)
-    return Recorded(x.detach(), out.detach(), h.detach(), c.detach(), edge)
+    edges = (*(() if earlier is None else earlier.output_edges), edge)
+    return Recorded(x.detach(), out.detach(), h.detach(), c.detach(), edges)
 
 
-def _reads(losses: Tensor, edge: tuple[object, int]) -> bool:
-    """Whether the autograd graph of `losses` has `edge` (a node and one of its outputs) among its inputs."""
-    seen, pending = set(), [losses.grad_fn]
+def _edges_into(losses: Tensor) -> set[tuple[object, int]]:
+    """Every (node, output index) the autograd graph of `losses` takes a gradient into."""
+    edges, seen, pending = set(), set(), [losses.grad_fn]
     while pending:
         node = pending.pop()
         if node is None or node in seen:
             continue
         seen.add(node)
         for child, index in node.next_functions:
-            if child is edge[0] and index == edge[1]:
-                return True
+            edges.add((child, index))
             pending.append(child)
-    return False
+    return edges
 
 
 def mark_unread_outputs(recorded: dict[nn.Module, Recorded | None], losses: Tensor) -> None:
-    """Flag the recorded calls whose output sequence the losses do not depend on (through differentiable ops, which
-    are the only ones that carry a tangent as well): their jvp skips that sequence's tangent. An output without an
-    autograd edge depends on no trainable parameter, so its tangent is zero and is skipped too."""
+    """Flag the modules none of whose output sequences the losses depend on through differentiable ops (the only
+    ones that carry a tangent too): their jvp skips the top layer's output tangent. An output with no autograd
+    edge counts as read: under a no-grad forward (reentrant checkpointing) the backward recomputes it."""
+    reached = _edges_into(losses)
     for module, call in recorded.items():
         if call is not None:
-            recorded[module] = call._replace(
-                output_used=call.output_edge is not None and _reads(losses, call.output_edge))
+            used = any(edge is None or edge in reached for edge in call.output_edges)
+            recorded[module] = call._replace(output_used=used)
