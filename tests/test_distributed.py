@@ -86,3 +86,23 @@ def test_poisson_shards_are_disjoint_and_keep_the_rate():
         assert not set(batch0) & set(batch1)
         counts[batch0 + batch1] += 1
     assert torch.allclose(counts / steps, torch.full((n,), q), atol=0.04)
+
+
+def test_the_cli_trains_under_lightning_ddp_and_accounts_each_step_once(tmp_path):
+    """Two CPU ranks through Lightning: the ledger counts logical steps (not steps x ranks), and the reported epsilon
+    is the composition of exactly those steps."""
+    import json
+
+    from dpbench.privacy.accountant import PrivacyAccountant
+    from dpbench.privacy.mechanisms import SubsampledGaussian
+    from tests.cli import FAST, dpbench, results
+
+    run = dpbench("trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "max_steps=4",
+                  "trainer.checkpoint=false", f"hydra.run.dir={tmp_path}", *FAST)
+    assert run.returncode == 0, run.stderr[-3000:]
+    out = results(tmp_path)
+    ledger = json.loads((tmp_path / "privacy_ledger.json").read_text())
+    assert out["steps"] == ledger["steps"] == 4 and len(ledger["mechanisms"]) == 1
+    composed = [(SubsampledGaussian(out["sampling_rate"], out["noise_multiplier"]), 4)]
+    assert out["epsilon"] == pytest.approx(PrivacyAccountant().epsilon(composed, 1e-5).epsilon, rel=1e-6)
+    assert out["epsilon"] <= 3.0 and 0.0 <= out["test_accuracy"] <= 1.0

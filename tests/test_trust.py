@@ -47,6 +47,7 @@ def test_stop_on_budget_trains_only_the_steps_the_budget_covers(tmp_path):
     assert ledger["mechanisms"][0]["mechanism"] == {"kind": "subsampled_gaussian", "sampling_rate": q,
                                                     "noise_multiplier": sigma}
     assert ledger["mechanisms"][0]["strategy"] == "vanilla"
+    assert ledger["epsilon_spent"][-1] == {"steps": steps, "epsilon": out["epsilon"]}  # the final, exact figure
 
 
 def test_out_of_memory_suggests_micro_batches(tmp_path, monkeypatch):
