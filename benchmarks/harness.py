@@ -4,8 +4,8 @@ Each case is set up in a new `spawn` process (so its peak memory is its own), ti
 `warmup`, and the cases are measured alternately for `rounds` rounds so that load from other processes on a
 shared machine hits all of them alike. Figures are medians over rounds. Each case also reports its minor page faults
 per timed step (host memory): glibc hands large freed blocks back to the kernel, so on CPU every step pays to fault
-its memory in again, which adds the same kind of cost to every case and narrows their ratios (a run with
-MALLOC_TRIM_THRESHOLD_ and MALLOC_MMAP_THRESHOLD_ set high shows the ratios without it).
+its memory in again, which adds the same kind of cost to every case and narrows their ratios; `--keep-freed-memory`
+(glibc told to keep freed memory, for the measured processes) shows the ratios without it.
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import argparse
 import importlib
 import json
 import multiprocessing
+import os
 import platform
 import resource
 import statistics
@@ -128,19 +129,32 @@ def save(name: str, payload: dict) -> Path:
     out = Path("bench_results")
     out.mkdir(exist_ok=True)
     path = out / f"{name}.json"
-    payload = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(), **payload}
+    kept = all(os.environ.get(name) == value for name, value in KEEP_FREED_MEMORY.items())
+    payload = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
+               "glibc_keeps_freed_memory": kept, **payload}
     path.write_text(json.dumps(payload, indent=2))
     return path
 
 
+KEEP_FREED_MEMORY = {"MALLOC_TRIM_THRESHOLD_": "1000000000", "MALLOC_MMAP_THRESHOLD_": "1000000000"}
+"""glibc settings under which freed memory stays mapped, so no step pays page faults for memory it reuses."""
+
+
 def arguments(description: str, rounds: int = 3, steps: int = 10, warmup: int = 3) -> argparse.Namespace:
+    """The shared command line; --keep-freed-memory applies to the measured processes, which `spawn` starts with
+    this process's environment."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=rounds)
     parser.add_argument("--steps", type=int, default=steps)
     parser.add_argument("--warmup", type=int, default=warmup)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--batch-size", type=int, default=None)
-    return parser.parse_args()
+    parser.add_argument("--keep-freed-memory", action="store_true",
+                        help="glibc keeps freed memory mapped: timings without the per-step page faults")
+    args = parser.parse_args()
+    if args.keep_freed_memory:
+        os.environ.update(KEEP_FREED_MEMORY)
+    return args
 
 
 def mnist_batches(batch_size: int, device: torch.device) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
