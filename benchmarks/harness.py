@@ -28,6 +28,9 @@ import torch
 
 from dpbench.profiling.memory import PeakMemory
 
+KEEP_FREED_MEMORY = {"MALLOC_TRIM_THRESHOLD_": "1000000000", "MALLOC_MMAP_THRESHOLD_": "1000000000"}
+"""glibc settings under which freed memory stays mapped, so no step pays page faults for memory it reuses."""
+
 
 def _device() -> torch.device:
     return torch.device("cuda" if torch.cuda.is_available() else "cpu")
@@ -134,10 +137,6 @@ def save(name: str, payload: dict) -> Path:
                "glibc_keeps_freed_memory": kept, **payload}
     path.write_text(json.dumps(payload, indent=2))
     return path
-
-
-KEEP_FREED_MEMORY = {"MALLOC_TRIM_THRESHOLD_": "1000000000", "MALLOC_MMAP_THRESHOLD_": "1000000000"}
-"""glibc settings under which freed memory stays mapped, so no step pays page faults for memory it reuses."""
 
 
 def arguments(description: str, rounds: int = 3, steps: int = 10, warmup: int = 3) -> argparse.Namespace:

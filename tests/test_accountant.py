@@ -87,6 +87,9 @@ def test_heterogeneous_composition_and_ledger():
     restored = PrivacyLedger(delta=1.0e-3)
     restored.load_state_dict(ledger.state_dict())
     assert restored.entries == ledger.entries and restored.delta == 1e-5
+    assert ledger.epsilon() is report  # unchanged ledger: the composed figure is not recomputed
+    ledger.record([second])
+    assert ledger.epsilon().epsilon > report.epsilon  # one more step: recomputed
 
 
 def test_rdp_bounds_prv_from_above_and_is_used_when_prv_fails(monkeypatch):

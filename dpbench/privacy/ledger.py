@@ -17,6 +17,7 @@ class PrivacyLedger:
         self.entries: list[tuple[Mechanism, int]] = []
         self.epsilon_history: list[tuple[int, float]] = []
         """(steps, epsilon spent) at each epoch end: what the run had spent when."""
+        self._report: tuple[tuple, EpsilonReport] | None = None
 
     @property
     def steps(self) -> int:
@@ -34,7 +35,11 @@ class PrivacyLedger:
         return list(self.entries)
 
     def epsilon(self) -> EpsilonReport:
-        return self.accountant.epsilon(self.composition(), self.delta)
+        """The composed epsilon, kept until the ledger changes: the last epoch's log and the run's summary both ask."""
+        key = (self.delta, tuple(self.entries))
+        if self._report is None or self._report[0] != key:
+            self._report = (key, self.accountant.epsilon(self.composition(), self.delta))
+        return self._report[1]
 
     def state_dict(self) -> dict[str, Any]:
         return {

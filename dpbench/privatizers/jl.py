@@ -108,6 +108,17 @@ def forward_ad_kernels(model: nn.Module, recorded: dict[nn.Module, Recorded | No
         yield
 
 
+def dual_losses(
+    model: nn.Module, task: Task, batch: Batch, params: dict[str, Tensor], tangents: dict[str, Tensor]
+) -> tuple[Tensor, Tensor]:
+    """Per-sample losses and their jvp along one tangent, in one forward-AD pass (the losses keep whatever autograd
+    graph `params` give them; a zero jvp when no parameter reaches the losses)."""
+    with fwad.dual_level():
+        duals = {name: fwad.make_dual(p, tangents[name]) for name, p in params.items()}
+        losses, tangent = fwad.unpack_dual(task.per_sample_loss(lambda x: functional_call(model, duals, (x,)), batch))
+    return losses, torch.zeros_like(losses) if tangent is None else tangent
+
+
 class Replay:
     """The global random state at the start of a step, restorable, so every pass sees the same random ops."""
 
@@ -171,14 +182,6 @@ class JL(PrivatizerStrategy):
         def project(tangents: dict[str, Tensor]) -> Tensor:
             return jvp(losses, (params,), (tangents,))[1]
 
-        def project_one(tangents: dict[str, Tensor]) -> Tensor:
-            """One direction as a plain dual pass: forward AD's native rules, without functorch wrapping each op."""
-            with fwad.dual_level():
-                duals = {name: fwad.make_dual(p, tangents[name][0]) for name, p in params.items()}
-                dual_losses = losses(duals)
-                tangent = fwad.unpack_dual(dual_losses).tangent
-            return (torch.zeros_like(dual_losses) if tangent is None else tangent).unsqueeze(0)
-
         size = self.config.chunk_size or count
         parts = []
         with torch.no_grad():
@@ -186,7 +189,10 @@ class JL(PrivatizerStrategy):
                 chunk = min(size, count - start)
                 tangents = self._draw(params, chunk)
                 replay.restore()
-                parts.append(project_one(tangents) if chunk == 1 else vmap(project, randomness="same")(tangents))
+                if chunk == 1:  # a plain dual pass: forward AD's native rules, without functorch wrapping each op
+                    parts.append(dual_losses(model, task, batch, params, tree_map(lambda t: t[0], tangents))[1][None])
+                else:
+                    parts.append(vmap(project, randomness="same")(tangents))
         if not parts:
             return torch.zeros(batch_size_of(batch), 0, device=next(iter(params.values())).device)
         return torch.cat(parts).T
@@ -205,11 +211,9 @@ class JL(PrivatizerStrategy):
             return losses, projected
         with torch.random.fork_rng(devices=replay.devices), forward_ad_kernels(model):
             projected = self._jvp_chunks(model, task, batch, detached, self.config.projections - 1, replay)
-        first = self._draw(detached, 1)
-        with fwad.dual_level(), forward_ad_kernels(model):
-            duals = {name: fwad.make_dual(p, first[name][0]) for name, p in trainable.items()}
-            dual_losses = task.per_sample_loss(lambda x: functional_call(model, duals, (x,)), batch)
-            losses, tangent = fwad.unpack_dual(dual_losses)
+        first = tree_map(lambda t: t[0], self._draw(detached, 1))
+        with forward_ad_kernels(model):
+            losses, tangent = dual_losses(model, task, batch, trainable, first)
         return losses, torch.cat([tangent.detach().unsqueeze(1), projected], dim=1)
 
     def reweighted_sum(self, model: nn.Module, losses: Tensor, norms: Tensor) -> dict[str, Tensor]:
