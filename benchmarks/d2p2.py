@@ -45,7 +45,7 @@ def make_step(case: str, device: torch.device, batch_size: int, model: str) -> C
     optimizer = torch.optim.SGD(network.parameters(), lr=LR)
     task = ClassificationTask()
     strategy = make_strategy(
-        OmegaConf.create(_config(case)), PrivacySettings(CLIP, batch_size / TRAIN_SIZE, SIGMA, seed=0)
+        OmegaConf.create(_config(case)), PrivacySettings(CLIP, batch_size / TRAIN_SIZE, SIGMA)
     )
     strategy.prepare(network, 10**6, 1e-5, None, None)
     strategy.attach(network)

@@ -40,7 +40,7 @@ def make_step(case: str, device: torch.device, batch_size: int, rank: int) -> Ca
     config = {"name": case, "rank": rank} if case == "grape" else {"name": case}
     if case == "vanilla_functorch":
         config = {"name": "vanilla", "engine": "functorch"}
-    strategy = make_strategy(OmegaConf.create(config), PrivacySettings(CLIP, batch_size / 4000, SIGMA, seed=0))
+    strategy = make_strategy(OmegaConf.create(config), PrivacySettings(CLIP, batch_size / 4000, SIGMA))
     strategy.attach(model)
     optimizer = (strategy.configure_optimizer(model, OptimizerConfig(name="adam", lr=LR)) if case == "grape"
                  else build_optimizer(model.parameters(), OptimizerConfig(name="adam", lr=LR)))

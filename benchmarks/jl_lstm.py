@@ -40,7 +40,7 @@ def _dpbench_step(case: str, model: torch.nn.Module, next_batch: Callable, batch
                   lean: bool = False):
     task = ClassificationTask()
     strategy = make_strategy(
-        OmegaConf.create(_strategy_config(case, lean)), PrivacySettings(CLIP, batch_size / train_size, SIGMA, seed=0)
+        OmegaConf.create(_strategy_config(case, lean)), PrivacySettings(CLIP, batch_size / train_size, SIGMA)
     )
     strategy.attach(model)
     optimizer = torch.optim.Adam(model.parameters(), lr=LR)

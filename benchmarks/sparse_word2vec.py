@@ -32,7 +32,7 @@ def make_step(case: str, device: torch.device, batch_size: int) -> Callable[[], 
     model = Word2Vec(vocab, DIM).to(device)
     generator = torch.Generator().manual_seed(0)
     config = {"name": "sparse", "draw_epsilon": 0.01} if name == "sparse" else {"name": "vanilla", "engine": "hooks"}
-    strategy = make_strategy(OmegaConf.create(config), PrivacySettings(S1, batch_size / 200_000, SIGMA, seed=0))
+    strategy = make_strategy(OmegaConf.create(config), PrivacySettings(S1, batch_size / 200_000, SIGMA))
     strategy.attach(model)
     optimizer = strategy.configure_optimizer(model, OptimizerConfig(name="adam", lr=LR))
     task = NegativeSamplingTask()

@@ -30,7 +30,7 @@ def make_step(case: str, device: torch.device, batch_size: int) -> Callable[[], 
     if case in ("nonprivate", "vanilla"):
         task = ClassificationTask()
         strategy = make_strategy(
-            OmegaConf.create({"name": case}), PrivacySettings(CLIP, batch_size / 4000, SIGMA, seed=0)
+            OmegaConf.create({"name": case}), PrivacySettings(CLIP, batch_size / 4000, SIGMA)
         )
         strategy.attach(model)
 

@@ -63,11 +63,19 @@ def objective_value(results: dict) -> float | None:
 
 
 def _objective(cfg: DictConfig) -> float | None:
-    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    hydra_config = HydraConfig.get()
+    run_dir = Path(hydra_config.runtime.output_dir)
+    if cfg.privacy.get("seed") is not None:
+        from dpbench.redaction import redact_saved_configs
+
+        if hydra_config.output_subdir is not None:
+            redact_saved_configs(run_dir / hydra_config.output_subdir)
+        if hydra_config.mode == RunMode.MULTIRUN:
+            redact_saved_configs(Path(hydra_config.sweep.dir))
     mode = cfg.profiler.fresh_process
     if mode not in ("always", "multirun", "never"):
         raise ConfigurationError(f"profiler.fresh_process must be always, multirun or never, got {mode!r}")
-    if mode == "always" or (mode == "multirun" and HydraConfig.get().mode == RunMode.MULTIRUN):
+    if mode == "always" or (mode == "multirun" and hydra_config.mode == RunMode.MULTIRUN):
         return _run_in_fresh_process(cfg, run_dir)
     from dpbench.run import run_experiment
 

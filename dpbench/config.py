@@ -25,8 +25,12 @@ class PrivacyConfig:
     accountant_eps_error: float = 0.01
     stop_on_budget: bool = False
     """Stop training at the last step whose composed epsilon stays within `epsilon` (for a fixed noise_multiplier)."""
+    seed: int | None = None
+    """Root of the secret privacy randomness (noise, Poisson sampling, JL directions, D2P2 projections, sparse
+    selection). null: 128 bits from the OS, kept only in checkpoints. A number makes the run bit-reproducible and
+    must then stay secret: whoever knows it can regenerate the noise and the batches."""
     secure_rng: bool = False
-    """Draw the noise from the OS CSPRNG (os.urandom) rather than a seeded PRNG."""
+    """Every secret draw from a CSPRNG stream (SHAKE-256 keyed by the root) rather than a seeded PRNG."""
 
 
 @dataclass
@@ -52,6 +56,9 @@ class LoggerConfig:
     entity: str | None = None
     group: str | None = None
     tags: list[str] = field(default_factory=list)
+    train_stats: bool = True
+    """Log train/loss, train/batch_size, gradient norms and clip fractions every step: computed from the private
+    data without noise, so outside the privacy guarantee (the realised batch size alone can reveal membership)."""
 
 
 @dataclass
@@ -73,6 +80,7 @@ class Config:
     privacy: PrivacyConfig = field(default_factory=PrivacyConfig)
     experiment_name: str = "default"
     seed: int = 0
+    """Public: initialisation, dropout and data order. Never used for privacy randomness (see privacy.seed)."""
     batch_size: int = 256
     """Expected logical batch size: the Poisson sampling rate is batch_size / N."""
     physical_batch_size: int | None = None

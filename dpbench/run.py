@@ -13,7 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from dpbench.config import Config, validated
 from dpbench.data import load_data
@@ -23,8 +23,10 @@ from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.budget import steps_within_budget
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privacy.plan import PrivacyPlan, make_plan
+from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, PrivatizerStrategy, make_strategy
 from dpbench.profiling import ProfilerCallback
+from dpbench.redaction import public_config
 from dpbench.results import RESULTS_FILE, summary_text, write_json_atomic
 from dpbench.training.callbacks import EpsilonLogger
 from dpbench.training.checkpoint_io import AtomicCheckpointIO
@@ -68,7 +70,7 @@ def _loggers(cfg: DictConfig, run_dir: Path, tags: list[str]) -> list[Logger]:
                 save_dir=str(run_dir),
                 mode=mode,
                 name=f"{tags[0]}-{tags[1]}-{tags[2]}-s{cfg.seed}",
-                config=OmegaConf.to_container(cfg, resolve=True),
+                config=public_config(cfg),
             )
         )
     return loggers
@@ -93,17 +95,16 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         torch.set_num_threads(typed.trainer.num_threads)
     if typed.batch_size <= 0 or typed.eval_batch_size <= 0:
         raise ConfigurationError(f"batch_size must be positive, got {typed.batch_size}")
-    L.seed_everything(typed.seed, workers=True, verbose=False)
+    L.seed_everything(typed.seed, workers=True, verbose=False)  # public: init, dropout; never privacy draws
+    randomness = PrivacyRandomness(typed.privacy.seed, typed.privacy.secure_rng)
 
     data = load_data(cfg.data)
     if typed.batch_size > len(data.train):
         raise ConfigurationError(f"batch_size {typed.batch_size} exceeds the training set size {len(data.train)}")
-    datamodule = DPDataModule(data, typed.batch_size, typed.privacy.sampling, typed.seed, typed.eval_batch_size)
+    datamodule = DPDataModule(data, typed.batch_size, typed.privacy.sampling, randomness, typed.eval_batch_size)
     steps = typed.max_steps or typed.epochs * datamodule.steps_per_epoch
     sampling_rate = datamodule.sampling_rate
-    privacy = PrivacySettings(
-        typed.privacy.clip_norm, sampling_rate, typed.privacy.noise_multiplier, typed.seed, typed.privacy.secure_rng
-    )
+    privacy = PrivacySettings(typed.privacy.clip_norm, sampling_rate, typed.privacy.noise_multiplier, randomness)
     strategy = make_strategy(cfg.privatizer, privacy)
     model = build_model(cfg.model, data)
     plan = make_plan(strategy, typed.privacy, sampling_rate, steps, model)
@@ -111,7 +112,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 
     ledger = PrivacyLedger(typed.privacy.delta, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error))
     module = DPModule(
-        model, data.task, strategy, typed.optimizer, ledger, typed.batch_size, typed.physical_batch_size
+        model, data.task, strategy, typed.optimizer, ledger, typed.batch_size, typed.physical_batch_size,
+        typed.logger.train_stats,
     )
 
     tags = [strategy.name, cfg.model.name, data.name]
@@ -196,7 +198,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "device": str(module.device) if module.device.type != "cuda" else torch.cuda.get_device_name(module.device),
         "seed": typed.seed,
         "run_dir": str(run_dir),
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": public_config(cfg),
     }
     if plan.private:
         results.update(strategy.privacy_report(ledger.steps, typed.privacy.delta))
@@ -208,6 +210,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     results["stopped_on_budget"] = budget_steps < steps
     results["planned_steps"] = steps
     results["secure_rng"] = typed.privacy.secure_rng
+    results["privacy_seed"] = "explicit (secret, not recorded)" if randomness.explicit else "drawn from the OS"
+    results["outside_guarantee"] = _outside_guarantee(typed, plan.private)
     if not trainer.is_global_zero:  # the ledger is identical on every rank: rank 0 reports it once
         return results
     if plan.private:
@@ -216,6 +220,17 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     _finish_wandb(loggers, results)
     print(summary_text(results), flush=True)
     return results
+
+
+def _outside_guarantee(typed: Config, private: bool) -> list[str]:
+    """What the run publishes from the private training data without noise: outside the (epsilon, delta) claim."""
+    if not private:
+        return []
+    released = ["samples_per_s (total realised batch sizes over the measured steps)"]
+    if typed.logger.train_stats:
+        released.insert(0, "train/* metrics in the CSV and W&B logs (per-step loss, realised batch size, gradient "
+                           "norms, clip fractions); turn them off with logger.train_stats=false")
+    return released
 
 
 def _finish_wandb(loggers: list[Logger], results: dict[str, Any]) -> None:

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
+
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["trainer.enable_progress_bar=false", "eval_batch_size=1000"]
 
@@ -19,3 +21,9 @@ def dpbench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
 
 def results(run_dir: Path) -> dict:
     return json.loads((run_dir / "results.json").read_text())
+
+
+def final_weights(run_dir: Path) -> torch.Tensor:
+    """The model's parameters in the run's last checkpoint, flattened in module order."""
+    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    return torch.cat([value.flatten() for key, value in state.items() if key.startswith("model.")])

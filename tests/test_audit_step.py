@@ -7,6 +7,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dpbench.audit.gradient_canary import audit_step
+from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.vanilla import Vanilla
 from dpbench.tasks import ClassificationTask
@@ -27,7 +28,7 @@ def batches():
 
 
 def settings() -> PrivacySettings:
-    return PrivacySettings(CLIP, 1.0, SIGMA, seed=0)
+    return PrivacySettings(CLIP, 1.0, SIGMA, randomness=PrivacyRandomness(0))
 
 
 class NoClipping(Vanilla):

@@ -11,11 +11,11 @@ from scipy import stats
 
 from dpbench.errors import ConfigurationError
 from dpbench.models.cnn import TFPrivacyCNN
+from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.gaussian_projection import GaussianProjection
 from dpbench.privatizers.implicit_projection import ImplicitProjection
-from dpbench.privatizers.noise import GaussianNoise
 from dpbench.privatizers.per_sample import trainable_parameters
 from dpbench.tasks import ClassificationTask
 from tests.models import CASES, cnn_batch
@@ -24,7 +24,7 @@ TASK = ClassificationTask()
 
 
 def strategy(name: str = "d2p2", sigma: float = 1.0, clip: float = 1.0, steps: int = 100, seed: int = 3, **overrides):
-    settings = PrivacySettings(clip_norm=clip, sampling_rate=0.1, noise_multiplier=sigma, seed=seed)
+    settings = PrivacySettings(clip, 0.1, sigma, PrivacyRandomness(seed))
     made = make_strategy(OmegaConf.create({"name": name, **overrides}), settings)
     made.prepare(None, steps, 1e-5, None, None)
     return made
@@ -95,7 +95,8 @@ def test_layerwise_projection_equals_a_dense_projection():
     model = CASES["sequence"][0]()
     params = trainable_parameters(model)
     p = 24
-    projection = GaussianProjection({n: t.shape for n, t in params.items()}, p, seed=5, max_block_elements=7 * p)
+    shapes = {n: t.shape for n, t in params.items()}
+    projection = GaussianProjection(shapes, p, PrivacyRandomness(5), max_block_elements=7 * p)
     assert any(shape.numel() > projection.rows_per_block for shape in projection.shapes.values())  # split layers
     dense = dense_matrix(projection, step=2)
     flat = lambda tensors: torch.cat([tensors[n].reshape(-1) for n in params])  # noqa: E731
@@ -113,7 +114,7 @@ def test_layerwise_projection_equals_a_dense_projection():
 
 def test_no_block_is_larger_than_the_limit():
     shapes = {"big": torch.Size([3000, 100])}
-    projection = GaussianProjection(shapes, 64, seed=0, max_block_elements=64 * 500)
+    projection = GaussianProjection(shapes, 64, PrivacyRandomness(0), max_block_elements=64 * 500)
     blocks = list(projection.blocks(0, torch.device("cpu")))
     assert len(blocks) == 600 and all(block.numel() <= 64 * 500 for _, _, block in blocks)
 
@@ -130,11 +131,11 @@ def test_noise_is_the_step_sigma_in_the_projected_space(name, dim):
     d2p2.attach(model)
     d2p2.privatize(model, TASK, EMPTY, StepContext(step, expected))  # noise only
     std = sigma / math.sqrt(step + 1) * clip  # sigma_k = sigma / sqrt(k), k = step + 1
-    noise = GaussianNoise(seed=3)
+    noise = PrivateStream(PrivacyRandomness(3), "noise")
     if dim is None:
-        want = {n: noise.sample_like(p, std) / expected for n, p in model.named_parameters()}
+        want = {n: noise.normal_like(p, std) / expected for n, p in model.named_parameters()}
     else:
-        want = d2p2.projection.back(noise.sample_like(torch.zeros(dim), std), step)
+        want = d2p2.projection.back(noise.normal_like(torch.zeros(dim), std), step)
         want = {n: t / expected for n, t in want.items()}
     for n, p in model.named_parameters():
         torch.testing.assert_close(p.grad, want[n])
@@ -148,7 +149,7 @@ def test_empty_batch_implicit_update_is_the_step_noise_mapped_back():
     d2p2 = strategy(sigma=sigma, clip=clip, dim=dim)
     d2p2.attach(model)
     d2p2.privatize(model, TASK, EMPTY, StepContext(step, expected))
-    z = GaussianNoise(seed=3).sample_like(torch.zeros(dim), sigma / math.sqrt(step + 1) * clip)
+    z = PrivateStream(PrivacyRandomness(3), "noise").normal_like(torch.zeros(dim), sigma / math.sqrt(step + 1) * clip)
     d = sum(p.numel() for p in model.parameters())
     ratio = norm(p.grad * expected for p in model.parameters()) ** 2 * dim / float(z.pow(2).sum())
     assert abs(ratio - d) < 5 * math.sqrt(2 * d)  # chi-square with d degrees of freedom
@@ -167,16 +168,17 @@ def flat_update(update: dict) -> torch.Tensor:
 
 def implicit_draws(sums: dict, p: int, tau: float, draws: int) -> torch.Tensor:
     """`draws` updates u = A (A^T s / sqrt(p) + z) / sqrt(p), z ~ N(0, tau^2 I_p), one row each, sampled without A."""
-    projection, noise = ImplicitProjection(SHAPES, p), GaussianNoise(seed=0)
-    return torch.stack([flat_update(projection.release(sums, noise, tau)) for _ in range(draws)])
+    projection, noise = ImplicitProjection(SHAPES, p), PrivateStream(PrivacyRandomness(0), "noise")
+    return torch.stack([flat_update(projection.release(sums, noise, tau, torch.device("cpu"))) for _ in range(draws)])
 
 
 def explicit_draws(sums: dict, p: int, tau: float, draws: int) -> torch.Tensor:
     """The same with the seeded matrix of a fresh step each draw."""
-    projection, noise = GaussianProjection(SHAPES, p, seed=1, max_block_elements=64), GaussianNoise(seed=0)
+    projection = GaussianProjection(SHAPES, p, PrivacyRandomness(1), max_block_elements=64)
+    noise = PrivateStream(PrivacyRandomness(0), "noise")
     rows = []
     for step in range(draws):
-        projected = projection.project(sums, step) + noise.sample_like(torch.zeros(p), tau)
+        projected = projection.project(sums, step) + noise.normal_like(torch.zeros(p), tau)
         rows.append(flat_update(projection.back(projected, step)))
     return torch.stack(rows)
 

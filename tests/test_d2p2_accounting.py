@@ -11,6 +11,7 @@ from dpbench.config import PrivacyConfig
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger, SubsampledGaussian
 from dpbench.privacy.mixture import SubsampledGaussianMixture
 from dpbench.privacy.plan import make_plan
+from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privacy.schedule import NoiseSchedule
 from dpbench.privatizers import PrivacySettings, make_strategy
 
@@ -18,7 +19,8 @@ Q, DELTA = 0.05, 1e-5
 
 
 def strategy(name: str, sigma: float | None = None, **overrides):
-    return make_strategy(OmegaConf.create({"name": name, **overrides}), PrivacySettings(1.0, Q, sigma, seed=0))
+    settings = PrivacySettings(1.0, Q, sigma, PrivacyRandomness(0))
+    return make_strategy(OmegaConf.create({"name": name, **overrides}), settings)
 
 
 @pytest.mark.parametrize("decay", ["inverse_sqrt", "exponential", "none"])

@@ -8,6 +8,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
+from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privacy.sampling import PoissonBatchSampler
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
@@ -28,7 +29,7 @@ def _batch():
 
 def _update(name: str, inputs, targets) -> torch.Tensor:
     model = _model()
-    strategy = make_strategy(OmegaConf.create({"name": name}), PrivacySettings(CLIP, 0.1, SIGMA, seed=3))
+    strategy = make_strategy(OmegaConf.create({"name": name}), PrivacySettings(CLIP, 0.1, SIGMA, PrivacyRandomness(3)))
     strategy.attach(model)
     strategy.privatize(model, ClassificationTask(), (inputs, targets), StepContext(0, float(BATCH)))
     return torch.cat([p.grad.flatten() for p in model.parameters()])
@@ -56,7 +57,8 @@ def _two_process_update(name: str) -> list[torch.Tensor]:
 
 def _clipped_mean() -> torch.Tensor:
     model = _model()
-    strategy = make_strategy(OmegaConf.create({"name": "vanilla"}), PrivacySettings(CLIP, 0.1, SIGMA, seed=3))
+    settings = PrivacySettings(CLIP, 0.1, SIGMA, PrivacyRandomness(3))
+    strategy = make_strategy(OmegaConf.create({"name": "vanilla"}), settings)
     strategy.attach(model)
     clipped = strategy.engine.clipped_sum(ClassificationTask(), _batch(), CLIP).grads
     return torch.cat([clipped[n].flatten() for n, _ in model.named_parameters()]) / BATCH
@@ -80,7 +82,8 @@ def test_two_ranks_nonprivate_equals_the_full_batch_mean():
 
 def test_poisson_shards_are_disjoint_and_keep_the_rate():
     n, q, steps = 101, 0.25, 2000
-    samplers = [PoissonBatchSampler(n, q, seed=0, steps_per_epoch=steps, rank=r, world_size=2) for r in (0, 1)]
+    randomness = PrivacyRandomness(0)
+    samplers = [PoissonBatchSampler(n, q, randomness, steps_per_epoch=steps, rank=r, world_size=2) for r in (0, 1)]
     counts = torch.zeros(n)
     for batch0, batch1 in zip(*samplers, strict=True):
         assert not set(batch0) & set(batch1)

@@ -7,6 +7,7 @@ from torch import nn
 
 from dpbench.errors import ConfigurationError
 from dpbench.optim import OptimizerConfig
+from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import HookEngine
@@ -39,7 +40,7 @@ def mixer_batch(size: int = 5, seed: int = 0):
 
 
 def grape(rank: int = 4, update_every: int = 3, sigma: float = 1.0, clip: float = 1.0, seed: int = 0):
-    settings = PrivacySettings(clip_norm=clip, sampling_rate=0.1, noise_multiplier=sigma, seed=seed)
+    settings = PrivacySettings(clip, 0.1, sigma, PrivacyRandomness(seed))
     return make_strategy(OmegaConf.create({"name": "grape", "rank": rank, "update_every": update_every}), settings)
 
 
@@ -110,11 +111,11 @@ def test_projected_adam_is_adam_on_the_projected_gradient_mapped_back(update_eve
 
 def test_projections_hold_within_a_window_of_f_steps_and_change_after_it():
     model = Mixer()
-    projections = RandomProjections(model, rank=4, update_every=3, seed=7)
+    projections = RandomProjections(model, rank=4, update_every=3, randomness=PrivacyRandomness(7))
     weight = model.up.weight
 
     def at(step, seed=7):
-        other = RandomProjections(model, 4, 3, seed)
+        other = RandomProjections(model, 4, 3, PrivacyRandomness(seed))
         other.step = step
         return other.matrix(weight)
 
@@ -123,14 +124,14 @@ def test_projections_hold_within_a_window_of_f_steps_and_change_after_it():
     assert not torch.allclose(at(2), at(3))
     torch.testing.assert_close(at(3), at(5))
     assert not torch.allclose(at(0, seed=7), at(0, seed=8))
-    assert not torch.allclose(at(0), RandomProjections(model, 4, 3, 7).matrix(model.down.weight)[: at(0).shape[0]])
+    assert not torch.allclose(at(0), RandomProjections(model, 4, 3, PrivacyRandomness(7)).matrix(model.down.weight)[: at(0).shape[0]])
     assert torch.equal(torch.get_rng_state(), rng)  # the global RNG is never used
     assert projections.specs[weight].projected_shape == (12, 4)
 
 
 def test_projection_entries_have_variance_one_over_r():
     model = nn.Sequential(nn.Linear(400, 300))
-    projections = RandomProjections(model, rank=50, update_every=1, seed=0)
+    projections = RandomProjections(model, rank=50, update_every=1, randomness=PrivacyRandomness(0))
     matrix = projections.matrix(model[0].weight)
     assert matrix.shape == (300, 50)
     assert abs(float(matrix.var()) * 50 - 1) < 0.05 and abs(float(matrix.mean())) < 0.01
@@ -201,7 +202,7 @@ def test_dp_galore_projects_the_privatized_gradient_on_its_top_singular_vectors(
     """Naive DP-GaLore: with sigma 0 the privatized gradient is the clipped mean; P R is its best rank-r fit."""
     torch.manual_seed(0)
     model, batch = Mixer(), mixer_batch(8)
-    settings = PrivacySettings(clip_norm=1.0, sampling_rate=0.1, noise_multiplier=0.0, seed=0)
+    settings = PrivacySettings(1.0, 0.1, 0.0, PrivacyRandomness(0))
     strategy = make_strategy(OmegaConf.create({"name": "dp_galore", "rank": 4, "update_every": 2}), settings)
     strategy.attach(model)
     optimizer = strategy.configure_optimizer(model, ADAM)

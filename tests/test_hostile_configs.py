@@ -90,7 +90,7 @@ def check(name, data, hostile, epsilon, delta, noise, batch_size, clip, steps):
         if not 0 < batch_size <= N:
             raise ConfigurationError(f"batch_size {batch_size}")  # what run_experiment raises before planning
         rate = batch_size / N
-        strategy = make_strategy(OmegaConf.create({"name": name, **knobs}), PrivacySettings(clip, rate, noise, 0))
+        strategy = make_strategy(OmegaConf.create({"name": name, **knobs}), PrivacySettings(clip, rate, noise))
         model = _model()
         config = PrivacyConfig(epsilon=epsilon, delta=delta, noise_multiplier=noise, clip_norm=clip,
                                accountant_eps_error=0.05)

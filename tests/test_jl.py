@@ -7,6 +7,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from dpbench.models.lstm import LSTMClassifier, LSTMConfig
+from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.tasks import ClassificationTask
@@ -30,7 +31,7 @@ MODELS = {
 
 
 def jl(r: int, sigma: float = 1.0, clip: float = 1.0, chunk_size: int | None = None, seed: int = 0):
-    settings = PrivacySettings(clip_norm=clip, sampling_rate=0.1, noise_multiplier=sigma, seed=seed)
+    settings = PrivacySettings(clip, 0.1, sigma, PrivacyRandomness(seed))
     return make_strategy(OmegaConf.create({"name": "jl", "projections": r, "chunk_size": chunk_size}), settings)
 
 
@@ -182,7 +183,7 @@ def test_lstm_and_transformer_train(case, privatizer):
     torch.manual_seed(4)
     build, make_batch = MODELS[case]
     model, batch = build(), make_batch(size=16)
-    settings = PrivacySettings(clip_norm=10.0, sampling_rate=0.1, noise_multiplier=1e-6, seed=0)
+    settings = PrivacySettings(10.0, 0.1, 1e-6, PrivacyRandomness(0))
     config = {"name": "jl", "projections": 2} if privatizer == "jl" else {"name": "vanilla"}
     strategy = make_strategy(OmegaConf.create(config), settings)
     strategy.attach(model)

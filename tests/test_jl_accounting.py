@@ -16,13 +16,14 @@ from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.calibration import calibrate_noise_multiplier
 from dpbench.privacy.mechanisms import SubsampledGaussian
 from dpbench.privacy.mixture import SubsampledGaussianMixture
+from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 
 DELTA = 1e-5
 
 
 def jl_strategy(r: int, q: float, sigma: float | None = None):
-    settings = PrivacySettings(clip_norm=1.0, sampling_rate=q, noise_multiplier=sigma, seed=0)
+    settings = PrivacySettings(1.0, q, sigma, PrivacyRandomness(0))
     return make_strategy(OmegaConf.create({"name": "jl", "projections": r}), settings)
 
 

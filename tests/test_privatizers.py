@@ -5,6 +5,7 @@ import torch
 from omegaconf import OmegaConf
 
 from dpbench.models.cnn import TFPrivacyCNN
+from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import HookEngine
@@ -15,7 +16,7 @@ TASK = ClassificationTask()
 
 
 def vanilla(sigma: float, clip: float = 1.0, seed: int = 0, engine: str = "auto"):
-    settings = PrivacySettings(clip_norm=clip, sampling_rate=0.1, noise_multiplier=sigma, seed=seed)
+    settings = PrivacySettings(clip, 0.1, sigma, PrivacyRandomness(seed))
     return make_strategy(OmegaConf.create({"name": "vanilla", "engine": engine}), settings)
 
 
@@ -117,7 +118,7 @@ def test_micro_batches_give_the_same_step_with_noise_added_once(name):
     for physical in (None, 3):
         torch.manual_seed(0)
         model = TFPrivacyCNN()
-        settings = PrivacySettings(clip_norm=1.0, sampling_rate=0.1, noise_multiplier=0.7, seed=5)
+        settings = PrivacySettings(1.0, 0.1, 0.7, PrivacyRandomness(5))
         strategy = make_strategy(OmegaConf.create({"name": name}), settings)
         strategy.attach(model)
         output = strategy.privatize(model, TASK, batch, StepContext(0, 10.0, physical))

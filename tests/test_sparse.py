@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from dpbench.models.word2vec import Word2Vec
 from dpbench.optim import OptimizerConfig
 from dpbench.privacy.mechanisms import SubsampledGaussian
+from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.selection import exponential_top_k, sparse_vector, uniform_untouched
@@ -109,7 +110,7 @@ def sparse_strategy(selection="exponential", sigma=1.0, clip=1.0, sparsity=0.05,
                     lazy_adam=True):
     config = {"name": "sparse", "selection": selection, "sparsity": sparsity, "clip2": clip2,
               "draw_epsilon": draw_epsilon, "lazy_adam": lazy_adam}
-    return make_strategy(OmegaConf.create(config), PrivacySettings(clip, 0.01, sigma, seed=0))
+    return make_strategy(OmegaConf.create(config), PrivacySettings(clip, 0.01, sigma, PrivacyRandomness(0)))
 
 
 @pytest.mark.parametrize("selection", ["exponential", "svt", "random"])

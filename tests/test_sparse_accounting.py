@@ -11,6 +11,7 @@ from scipy.special import ndtr
 
 from dpbench.models.word2vec import Word2Vec
 from dpbench.privacy.accountant import PrivacyAccountant
+from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privacy.selection import SubsampledSelectionGaussian, SubsampledSelectionGaussianPRV, theorem3_bound
 from dpbench.privatizers import PrivacySettings, make_strategy
 
@@ -109,7 +110,7 @@ def test_calibration_gives_the_selection_its_budget_and_the_noise_the_rest():
     q, steps = 0.01, 200
     strategy = make_strategy(
         OmegaConf.create({"name": "sparse", "sparsity": 0.01, "selection_epsilon": 1.0}),
-        PrivacySettings(1.0, q, None, seed=0),
+        PrivacySettings(1.0, q, None, randomness=PrivacyRandomness(0)),
     )
     model = Word2Vec(50, 4)
     plan = make_plan(strategy, PrivacyConfig(epsilon=3.0, delta=1e-5), q, steps, model)

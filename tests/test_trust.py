@@ -12,9 +12,9 @@ from dpbench.cli import config_dir
 from dpbench.config import register_schemas
 from dpbench.errors import ConfigurationError
 from dpbench.privacy import PrivacyAccountant, SubsampledGaussian
+from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
-from dpbench.privatizers.noise import GaussianNoise, secure_standard_normal
 from dpbench.run import run_experiment
 from dpbench.tasks import ClassificationTask
 from dpbench.training.module import DPModule
@@ -23,12 +23,14 @@ from tests.cli import FAST, dpbench, results
 
 def test_secure_noise_is_standard_normal_and_leaves_torch_rngs_alone():
     state = torch.get_rng_state()
-    sample = secure_standard_normal(20001).numpy()
+    sample = PrivacyRandomness(secure=True).draws("noise", 0).normal((20001,), torch.float64).numpy()
     assert torch.equal(torch.get_rng_state(), state)
     assert stats.kstest(sample, "norm").pvalue > 1e-3
-    noise = GaussianNoise(seed=0, secure=True)
-    first, second = noise.sample_like(torch.zeros(1000), 2.0), noise.sample_like(torch.zeros(1000), 2.0)
+    noise = PrivateStream(PrivacyRandomness(secure=True), "noise")
+    first, second = noise.normal_like(torch.zeros(1000), 2.0), noise.normal_like(torch.zeros(1000), 2.0)
     assert not torch.equal(first, second) and float(first.std()) == pytest.approx(2.0, rel=0.15)
+    uniforms = PrivacyRandomness(secure=True).draws("sampling", 0).uniform(20001).numpy()
+    assert stats.kstest(uniforms, "uniform").pvalue > 1e-3
 
 
 def test_stop_on_budget_trains_only_the_steps_the_budget_covers(tmp_path):
@@ -66,7 +68,7 @@ def test_out_of_memory_suggests_micro_batches(tmp_path, monkeypatch):
 def test_a_nan_sample_is_dropped_counted_and_never_poisons_the_update(name):
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
-    strategy = make_strategy(OmegaConf.create({"name": name}), PrivacySettings(1.0, 0.1, 1.0, 0))
+    strategy = make_strategy(OmegaConf.create({"name": name}), PrivacySettings(1.0, 0.1, 1.0))
     strategy.prepare(model, 10, 1e-5, None, PrivacyAccountant())
     strategy.attach(model)
     inputs, targets = torch.randn(6, 1, 4, 4), torch.randint(0, 3, (6,))

@@ -94,7 +94,7 @@ def test_sparse_per_sample_gradients_equal_dense(mode, tied):
     hooks = HookEngine(model).per_sample_gradients(TASK, (inputs, targets))
     for name, grad in per_sample.items():
         torch.testing.assert_close(hooks[name], grad, atol=1e-6, rtol=1e-5)
-    strategy = make_strategy(OmegaConf.create({"name": "sparse"}), PrivacySettings(clip, 0.1, 1.0, 0))
+    strategy = make_strategy(OmegaConf.create({"name": "sparse"}), PrivacySettings(clip, 0.1, 1.0))
     strategy.attach(model)
     strategy.accumulate(model, TASK, (inputs, targets), None)
     touched, average = strategy._touched(expected_batch_size=1.0)

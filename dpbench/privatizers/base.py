@@ -8,7 +8,7 @@ accountant. The Lightning module only calls these methods; it never knows which 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import torch
@@ -18,8 +18,8 @@ from torch.utils._pytree import tree_map
 
 from dpbench.optim import build_optimizer
 from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussian
+from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
 from dpbench.privatizers import distributed
-from dpbench.privatizers.noise import GaussianNoise
 from dpbench.privatizers.per_sample import trainable_parameters
 from dpbench.tasks import Batch, Task, batch_size_of
 
@@ -31,9 +31,8 @@ class PrivacySettings:
     clip_norm: float
     sampling_rate: float
     noise_multiplier: float | None
-    seed: int
-    secure_rng: bool = False
-    """Noise from the OS CSPRNG instead of the seeded generator."""
+    randomness: PrivacyRandomness = field(default_factory=PrivacyRandomness)
+    """The run's secret randomness: every secret draw of the strategy (noise, directions, projections, selection)."""
 
 
 @dataclass
@@ -88,7 +87,7 @@ class PrivatizerStrategy(ABC):
     def __init__(self, config: Any, privacy: PrivacySettings):
         self.config = config
         self.privacy = privacy
-        self.noise = GaussianNoise(seed=privacy.seed, secure=privacy.secure_rng)
+        self.noise = PrivateStream(privacy.randomness, "noise")
 
     # -- privacy ---------------------------------------------------------------------------------------------
     @property
@@ -152,8 +151,7 @@ class PrivatizerStrategy(ABC):
     def noised_sum(self, local_sum: Tensor, std: float) -> Tensor:
         """This rank's clipped sum -> the global sum plus N(0, std^2) drawn once (rank 0), identical on all ranks."""
         if distributed.rank() == 0:
-            self.noise.to(local_sum.device)
-            local_sum = self.noise.sample_like(local_sum, std).add_(local_sum)  # into the fresh noise buffer
+            local_sum = self.noise.normal_like(local_sum, std).add_(local_sum)  # into the fresh noise buffer
         return distributed.all_reduce_sum(local_sum)
 
     def write_noisy_mean(self, model: nn.Module, clipped_sums: dict[str, Tensor], ctx: StepContext) -> None:

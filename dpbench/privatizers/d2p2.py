@@ -166,7 +166,7 @@ class D2P2(PrivatizerStrategy):
             self.projection = ImplicitProjection(shapes, self.config.dim)
         elif self.config.dim is not None:
             self.projection = GaussianProjection(
-                shapes, self.config.dim, self.privacy.seed, self.config.max_block_elements
+                shapes, self.config.dim, self.privacy.randomness, self.config.max_block_elements
             )
         self._sums: dict[str, Tensor] = {}
         self._projected_sum: Tensor | None = None
@@ -198,8 +198,7 @@ class D2P2(PrivatizerStrategy):
         if self.projection is None:
             grads = {}
             for name, param in params.items():
-                self.noise.to(param.device)
-                noise = self.noise.sample_like(param, std)
+                noise = self.noise.normal_like(param, std)
                 grads[name] = noise + self._sums[name].to(param.dtype) if name in self._sums else noise
         else:
             grads = self._projected_update(next(iter(params.values())).device, std, ctx.step)
@@ -209,10 +208,9 @@ class D2P2(PrivatizerStrategy):
 
     def _projected_update(self, device: torch.device, std: float, step: int) -> dict[str, Tensor]:
         """A (A^T s / sqrt(p) + z) / sqrt(p), z ~ N(0, std^2 I_p) from the checkpointed noise stream (either path)."""
-        self.noise.to(device)
         if isinstance(self.projection, ImplicitProjection):
-            return self.projection.release(self._sums, self.noise, std)
-        noise = self.noise.sample_like(torch.zeros(self.config.dim, device=device), std)
+            return self.projection.release(self._sums, self.noise, std, device)
+        noise = self.noise.on(device).normal((self.config.dim,)).mul_(std)
         return self.projection.back(self._projected(device, step) + noise, step)
 
     def _projected(self, device: torch.device, step: int) -> Tensor:

@@ -8,6 +8,8 @@ from __future__ import annotations
 import torch.distributed as dist
 from torch import Tensor
 
+from dpbench.privacy.randomness import PrivacyRandomness
+
 
 def is_distributed() -> bool:
     return dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1
@@ -25,3 +27,11 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     if is_distributed():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def broadcast_randomness(randomness: PrivacyRandomness) -> None:
+    """Rank 0's secret root on every rank (each rank drew its own from the OS at start)."""
+    if is_distributed():
+        state = [randomness.root]
+        dist.broadcast_object_list(state, src=0)
+        randomness.root = state[0]

@@ -3,7 +3,7 @@ implicit_projection.py): one Gaussian matrix A (d x p, iid N(0, 1) entries) over
 
 A is never held whole. Its rows belong to the parameters in order (the layer-wise split of Algorithm 1), and each
 parameter's rows are cut into blocks of at most `max_block_elements` entries, each regenerated on demand from its
-own seed (run seed, step, parameter, block) by a dedicated torch.Generator: memory O(block), time O(d p) per pass,
+own key (step, parameter, block) of the run's secret randomness: memory O(block), time O(d p) per pass,
 and the global RNG is never touched. Because every column of A is N(0, I_d) over *all* coordinates, A^T g is
 N(0, ||g||^2 I_p) for any fixed g, which is what the chi-square accounting assumes (a block-diagonal, per-layer
 matrix would not give that law).
@@ -14,33 +14,26 @@ from __future__ import annotations
 import math
 from collections.abc import Iterator
 
-import numpy as np
 import torch
 from torch import Tensor
 
 from dpbench.errors import ConfigurationError
-
-PROJECTION_STREAM = 0x64327032
-"""Mixed into every block seed ("d2p2"), so projections never share a stream with the noise or GRAPE's matrices."""
+from dpbench.privacy.randomness import PrivacyRandomness
 
 
 class GaussianProjection:
     """x -> A^T vec(x) / sqrt(p) and y -> A y / sqrt(p) with the step's A; E[A A^T] / p = I, so back(project(g))
     is an unbiased estimate of g."""
 
-    def __init__(self, shapes: dict[str, torch.Size], dim: int, seed: int, max_block_elements: int):
+    def __init__(self, shapes: dict[str, torch.Size], dim: int, randomness: PrivacyRandomness, max_block_elements: int):
         if dim < 1:
             raise ConfigurationError(f"privatizer.dim (the projection dimension p) must be positive, got {dim}")
         if max_block_elements < dim:
             raise ConfigurationError(f"privatizer.max_block_elements must be at least dim={dim}")
         self.shapes = {name: torch.Size(shape) for name, shape in shapes.items()}
         self.dim = dim
-        self.seed = seed
+        self.randomness = randomness
         self.rows_per_block = max_block_elements // dim
-
-    def _seed(self, step: int, parameter: int, block: int) -> int:
-        words = np.random.SeedSequence([self.seed, PROJECTION_STREAM, step, parameter, block]).generate_state(2)
-        return int(words[0]) << 32 | int(words[1])
 
     def blocks(
         self, step: int, device: torch.device, names: set[str] | None = None
@@ -51,8 +44,8 @@ class GaussianProjection:
                 continue
             for block, start in enumerate(range(0, shape.numel(), self.rows_per_block)):
                 rows = slice(start, min(start + self.rows_per_block, shape.numel()))
-                generator = torch.Generator(device=device).manual_seed(self._seed(step, index, block))
-                yield name, rows, torch.randn(rows.stop - rows.start, self.dim, generator=generator, device=device)
+                draws = self.randomness.draws("d2p2", step, index, block, device=device)
+                yield name, rows, draws.normal((rows.stop - rows.start, self.dim))
 
     def project(self, tensors: dict[str, Tensor], step: int) -> Tensor:
         """A^T vec(x) / sqrt(p): tensors shaped like their parameters give (p,), per-sample (B, *shape) give (B, p).

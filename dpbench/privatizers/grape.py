@@ -49,7 +49,7 @@ class Grape(PrivatizerStrategy):
     name = "grape"
 
     def attach(self, model: nn.Module) -> None:
-        self.projections = RandomProjections(model, self.config.rank, self.config.update_every, self.privacy.seed)
+        self.projections = RandomProjections(model, self.config.rank, self.config.update_every, self.privacy.randomness)
         self.engine = ProjectedHookEngine(model, self.projections)
         self.spaces = {
             name: torch.Size(self.projections.specs[param].projected_shape) if param in self.projections.specs

@@ -25,7 +25,7 @@ import torch
 from torch import Tensor
 
 from dpbench.errors import ConfigurationError
-from dpbench.privatizers.noise import GaussianNoise
+from dpbench.privacy.randomness import PrivateStream
 
 
 def _dot(left: dict[str, Tensor], right: dict[str, Tensor], device: torch.device) -> Tensor:
@@ -46,23 +46,21 @@ class ImplicitProjection:
         self.shapes = {name: torch.Size(shape) for name, shape in shapes.items()}
         self.dim = dim
 
-    def release(self, sums: dict[str, Tensor], noise: GaussianNoise, std: float) -> dict[str, Tensor]:
+    def release(
+        self, sums: dict[str, Tensor], noise: PrivateStream, std: float, device: torch.device
+    ) -> dict[str, Tensor]:
         """u for the clipped sum s (by parameter name, missing parameters count as zero), by parameter name and shape
         (float32). z ~ N(0, std^2 I_p), then t and w, are drawn from `noise` (seeded, checkpointed; secure_rng
         honoured) in that order."""
-        device = noise.device
-
-        def standard_normal(shape: torch.Size) -> Tensor:
-            return noise.sample_like(torch.empty(shape, device=device), 1.0)
-
-        z = noise.sample_like(torch.empty(self.dim, device=device), std)
-        t = standard_normal(torch.Size([self.dim]))
+        draws = noise.on(device)
+        z = draws.normal((self.dim,)).mul_(std)
+        t = draws.normal((self.dim,))
         s = {name: tensor.float() for name, tensor in sums.items() if name in self.shapes}
         s_norm = _dot(s, s, device).sqrt()
         inverse = torch.where(s_norm > 0, 1 / s_norm, 0.0)  # s_hat = s * inverse, the zero vector when s = 0
         alpha = s_norm * t.dot(t) / self.dim + z.dot(t) / math.sqrt(self.dim)
         c_norm = (s_norm * t / self.dim + z / math.sqrt(self.dim)).norm()
-        w = {name: standard_normal(shape) for name, shape in self.shapes.items()}
+        w = {name: draws.normal(shape) for name, shape in self.shapes.items()}
         along = _dot(w, s, device) * inverse  # w . s_hat
         coefficient = (alpha - c_norm * along) * inverse  # u = c_norm w + coefficient s
         for name, values in w.items():

@@ -38,9 +38,9 @@ from torch.utils._pytree import tree_map
 from dpbench.errors import ConfigurationError
 from dpbench.privacy.mechanisms import Composition, Mechanism
 from dpbench.privacy.mixture import SubsampledGaussianMixture
+from dpbench.privacy.randomness import PrivateStream
 from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clip_factors, clipping_stats
-from dpbench.privatizers.noise import GaussianNoise
 from dpbench.privatizers.per_sample import refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.lstm_tangent import (
     Recorded,
@@ -142,8 +142,7 @@ class JL(PrivatizerStrategy):
             raise ConfigurationError(f"privatizer.projections (r) must be at least 1, got {config.projections}")
         if config.chunk_size is not None and config.chunk_size < 1:
             raise ConfigurationError(f"privatizer.chunk_size must be positive or null, got {config.chunk_size}")
-        # a generator of its own: directions never share a stream with the noise (seeds mixed apart)
-        self.directions = GaussianNoise(seed=(privacy.seed + 1) * 2_654_435_761 % 2**63)
+        self.directions = PrivateStream(privacy.randomness, "jl")  # secret, and never the noise's stream
 
     # -- privacy ---------------------------------------------------------------------------------------------
     def mechanism(self, noise_multiplier: float) -> SubsampledGaussianMixture:
@@ -164,12 +163,8 @@ class JL(PrivatizerStrategy):
 
     def _draw(self, params: dict[str, Tensor], count: int) -> dict[str, Tensor]:
         """`count` standard Gaussian directions over all trainable parameters: (count, *shape) per parameter."""
-        device = next(iter(params.values())).device
-        self.directions.to(device)
-        return {
-            name: torch.randn((count, *p.shape), generator=self.directions.generator, device=device, dtype=p.dtype)
-            for name, p in params.items()
-        }
+        draws = self.directions.on(next(iter(params.values())).device)
+        return {name: draws.normal((count, *p.shape), p.dtype) for name, p in params.items()}
 
     def _jvp_chunks(
         self, model: nn.Module, task: Task, batch: Batch, params: dict[str, Tensor], count: int, replay: Replay

@@ -3,8 +3,8 @@
 A weight W of shape m x n (nn.Linear, HF Conv1D) is projected on its smaller side by a Gaussian matrix with
 N(0, 1/r) entries: P (m x r) on the left, giving P^T W (r x n), when m <= n; else Q (n x r) on the right, giving
 W Q (m x r). E[P P^T] = I, so mapping back with the same matrix is unbiased. Matrices are regenerated from
-(seed, window, layer) whenever needed, never stored, and change every `update_every` steps; their generator is
-separate from the noise's and from the global RNG.
+(window, layer) keys of the run's secret randomness whenever needed, never stored, and change every `update_every`
+steps; their stream is separate from the noise's and from the global RNG.
 
 The per-sample gradient of W is sum_t rows_t cols_t^T (rows: output gradients, cols: inputs, for nn.Linear), so
 its projection is sum_t (P^T rows_t) cols_t^T or rows_t (Q^T cols_t): the engine projects the (B, T, .) factors
@@ -19,11 +19,11 @@ from collections import Counter
 from dataclasses import dataclass
 from functools import partial
 
-import numpy as np
 import torch
 from torch import Tensor, nn
 
 from dpbench.errors import ConfigurationError
+from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers.per_sample.hooks import HookEngine
 from dpbench.privatizers.per_sample.layers import (
     SiteMap,
@@ -35,14 +35,11 @@ from dpbench.privatizers.per_sample.layers import (
 from dpbench.privatizers.per_sample.sites import DenseSite
 from dpbench.tasks import Batch, Task, batch_size_of
 
-PROJECTION_STREAM = 0x6772617065
-"""Mixed into every projection seed ("grape"), so projections never share a stream with the noise."""
-
 
 @dataclass(frozen=True)
 class ProjectionSpec:
     index: int
-    """Position among the projected weights: part of the seed."""
+    """Position among the projected weights: part of the key."""
     shape: tuple[int, int]
     rank: int
 
@@ -95,12 +92,12 @@ class Projector:
 class RandomProjections(Projector):
     """The projection of every projected weight at the current step (set `step` before using)."""
 
-    def __init__(self, model: nn.Module, rank: int, update_every: int, seed: int):
+    def __init__(self, model: nn.Module, rank: int, update_every: int, randomness: PrivacyRandomness):
         if rank <= 0:
             raise ConfigurationError(f"privatizer.rank must be positive, got {rank}")
         if update_every <= 0:
             raise ConfigurationError(f"privatizer.update_every must be positive, got {update_every}")
-        self.rank, self.update_every, self.seed = rank, update_every, seed
+        self.rank, self.update_every, self.randomness = rank, update_every, randomness
         self.specs: dict[nn.Parameter, ProjectionSpec] = {
             weight: ProjectionSpec(index, tuple(weight.shape), rank)
             for index, (_, weight) in enumerate(projectable_weights(model, rank))
@@ -111,16 +108,12 @@ class RandomProjections(Projector):
     def window(self) -> int:
         return self.step // self.update_every
 
-    def _seed(self, index: int) -> int:
-        state = np.random.SeedSequence([self.seed, PROJECTION_STREAM, self.window, index]).generate_state(2)
-        return int(state[0]) << 32 | int(state[1])
-
     def matrix(self, weight: nn.Parameter) -> Tensor:
-        """(k, r) Gaussian with N(0, 1/r) entries, k the projected side: regenerated from its seed on every call."""
+        """(k, r) Gaussian with N(0, 1/r) entries, k the projected side: regenerated from its key on every call."""
         spec = self.specs[weight]
         side = spec.shape[0] if spec.left else spec.shape[1]
-        generator = torch.Generator(device=weight.device).manual_seed(self._seed(spec.index))
-        matrix = torch.randn(side, spec.rank, generator=generator, device=weight.device, dtype=weight.dtype)
+        draws = self.randomness.draws("grape", self.window, spec.index, device=weight.device)
+        matrix = draws.normal((side, spec.rank), weight.dtype)
         return matrix.mul_(1.0 / math.sqrt(spec.rank))
 
 

@@ -129,7 +129,8 @@ class Sparse(PrivatizerStrategy):
         for key in ("clip2", "selection_clip", "svt_threshold"):
             if not getattr(config, key) > 0:
                 raise ConfigurationError(f"privatizer.{key} must be positive, got {getattr(config, key)}")
-        self.selection_rng = np.random.default_rng([privacy.seed, 7])
+        self.selections = 0
+        """Selections drawn so far: each draws from its own key of the secret randomness, never replayed."""
         self.draw_epsilon: float | None = config.draw_epsilon
         self.layouts: list[_Layout] = []
         self.expected_batch_size: float | None = None
@@ -274,17 +275,19 @@ class Sparse(PrivatizerStrategy):
     def select(self, touched: np.ndarray, average: Tensor, expected_batch_size: float) -> np.ndarray:
         """Sorted global indices of the k selected coordinates."""
         p, k = self.num_coordinates, self.draws
+        rng = self.privacy.randomness.numpy_generator("selection", self.selections)
+        self.selections += 1
         s0 = self.config.selection_clip
         score_bound = min(s0, self.privacy.clip_norm / expected_batch_size)  # sensitivity of a score
         scores = average.abs().clamp(max=s0).numpy()
         if self.config.selection == "random":
-            return np.sort(uniform_untouched(np.empty(0, dtype=np.int64), p, k, self.selection_rng))
+            return np.sort(uniform_untouched(np.empty(0, dtype=np.int64), p, k, rng))
         if self.config.selection == "exponential":
             utility = self.draw_epsilon * scores / (2 * score_bound)
-            return exponential_top_k(touched, utility, p, k, self.selection_rng)
+            return exponential_top_k(touched, utility, p, k, rng)
         return sparse_vector(
             touched, scores, p, k, self.config.svt_threshold * s0, 2 * score_bound / self.draw_epsilon,
-            4 * score_bound / self.draw_epsilon, self.selection_rng,
+            4 * score_bound / self.draw_epsilon, rng,
         )
 
     def finalize(self, model: nn.Module, ctx: StepContext) -> None:
@@ -298,7 +301,7 @@ class Sparse(PrivatizerStrategy):
             delta[torch.as_tensor(hit)] = average[torch.as_tensor(position[hit])]
         delta = delta * min(1.0, self.config.clip2 / (float(delta.norm()) + 1e-12))
         std = self.noise_multiplier * min(self.privacy.clip_norm / b, 2 * self.config.clip2)
-        noisy = delta + self.noise.sample_like(delta, std)
+        noisy = delta + self.noise.normal_like(delta, std)
         self.last_selection = {"indices": torch.as_tensor(selected), "clipped": delta, "noisy": noisy}
         selected_t = torch.as_tensor(selected)
         self._pending = {}
@@ -323,10 +326,9 @@ class Sparse(PrivatizerStrategy):
         self._pending = {}
 
     def state_dict(self) -> dict[str, Any]:
-        return {**super().state_dict(), "selection": self.selection_rng.bit_generator.state,
-                "draw_epsilon": self.draw_epsilon}
+        return {**super().state_dict(), "selections": self.selections, "draw_epsilon": self.draw_epsilon}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         super().load_state_dict(state)
-        self.selection_rng.bit_generator.state = state["selection"]
+        self.selections = state["selections"]
         self.draw_epsilon = state["draw_epsilon"]

@@ -69,7 +69,7 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
         data = load_data(cfg.data)
         model = build_model(cfg.model, data).to(device)
         sigma = typed.privacy.noise_multiplier or 1.0
-        settings = PrivacySettings(typed.privacy.clip_norm, batch_size / len(data.train), sigma, typed.seed)
+        settings = PrivacySettings(typed.privacy.clip_norm, batch_size / len(data.train), sigma)
         strategy = make_strategy(cfg.privatizer, settings)
         strategy.attach(model)
         optimizer = strategy.configure_optimizer(model, typed.optimizer)

@@ -28,6 +28,7 @@ class DPModule(L.LightningModule):
         ledger: PrivacyLedger,
         expected_batch_size: float,
         physical_batch_size: int | None = None,
+        train_stats: bool = True,
     ):
         super().__init__()
         self.automatic_optimization = False
@@ -38,11 +39,16 @@ class DPModule(L.LightningModule):
         self.ledger = ledger
         self.expected_batch_size = expected_batch_size
         self.physical_batch_size = physical_batch_size
+        self.train_stats = train_stats
         self.samples_seen = 0
         strategy.attach(model)
 
     def forward(self, inputs: Any) -> torch.Tensor:
         return self.model(inputs)
+
+    def setup(self, stage: str) -> None:
+        """Every rank uses rank 0's secret root, so that shared draws (GRAPE's projections) agree across ranks."""
+        distributed.broadcast_randomness(self.strategy.privacy.randomness)
 
     def on_train_start(self) -> None:
         if distributed.world_size() > 1 and not self.strategy.supports_data_parallel:
@@ -63,6 +69,8 @@ class DPModule(L.LightningModule):
         self.strategy.apply_update(optimizer)
         self.ledger.record(self.strategy.step_mechanisms(step))
         self.samples_seen += int(output.stats.get("batch_size", 0))
+        if not self.train_stats:  # noise-free statistics of private data: outside the guarantee
+            return
         self.log("train/loss", output.loss, on_step=True, on_epoch=True, batch_size=1)
         for key, value in output.stats.items():
             self.log(f"train/{key}", value, on_step=True, on_epoch=False, batch_size=1)
@@ -82,6 +90,7 @@ class DPModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["dpbench"] = {
+            "privacy_randomness": self.strategy.privacy.randomness.state_dict(),  # secret: checkpoints only
             "ledger": self.ledger.state_dict(),
             "strategy": self.strategy.state_dict(),
             "samples_seen": self.samples_seen,
@@ -89,6 +98,7 @@ class DPModule(L.LightningModule):
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         state = checkpoint["dpbench"]
+        self.strategy.privacy.randomness.load_state_dict(state["privacy_randomness"])
         self.ledger.load_state_dict(state["ledger"])
         self.strategy.load_state_dict(state["strategy"])
         self.samples_seen = state["samples_seen"]
