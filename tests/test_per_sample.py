@@ -69,11 +69,13 @@ def test_ghost_and_dense_sites_agree_on_long_sequences():
 
 
 def test_auto_engine_prefers_hooks_and_falls_back_to_functorch():
-    assert isinstance(make_engine(CASES["cnn"][0]()), HookEngine)
-    attention = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GRU(4, 4))
-    assert isinstance(make_engine(attention), FunctorchEngine)
-    with pytest.raises(UnsupportedModelError, match="GRU"):
-        make_engine(attention, "hooks")
+    assert isinstance(make_engine(CASES["cnn"][0]()).engine, HookEngine)
+    recurrent = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.GRU(4, 4))
+    assert isinstance(make_engine(recurrent).engine, HookEngine)  # nn.RNN, nn.GRU and nn.LSTM have exact rules
+    no_rule = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Bilinear(4, 4, 2))
+    assert isinstance(make_engine(no_rule).engine, FunctorchEngine)
+    with pytest.raises(UnsupportedModelError, match="Bilinear"):
+        make_engine(no_rule, "hooks")
 
 
 @pytest.mark.parametrize("engine", ["hooks", "functorch", "auto"])

@@ -1,11 +1,14 @@
-"""Exact per-sample gradients of nn.LSTM for the hook engine, without vmap (which loops per sample over oneDNN).
+"""Exact per-sample gradients of nn.RNN, nn.GRU and nn.LSTM for the hook engine, without vmap (which loops per sample
+over the fused kernels).
 
-The fast LSTM kernel hides its gate activations, so the rule re-runs the recurrence from the recorded input
-(all directions of a layer at once, one batched matmul per time step) and back-propagates the recorded output
-gradients to the gate pre-activations dG_t. Every LSTM weight is then an outer-product site:
-    weight_ih: sum_t dG_t x_t^T,  weight_hh: sum_t dG_t h_{t-1}^T,  bias_ih = bias_hh: sum_t dG_t.
+The fused kernels hide their gate activations, so the rule re-runs the recurrence from the recorded input
+(recurrence.py: all directions of a layer at once, one batched matmul per time step) and back-propagates the recorded
+output gradients to the input gates dG_t = d(W_ih x_t + b). Every weight is then an outer-product site:
+    weight_ih: sum_t dG_t x_t^T,  bias_ih: sum_t dG_t,  weight_hh: sum_t dH_t h_{t-1}^T,  bias_hh: sum_t dH_t,
+where dH_t = dG_t for RNN and LSTM (their biases act as one sum) and, for GRU, dG_t on the r and z gates but
+r_t * dG_t on the new gate, since n = tanh(W_in x + b_in + r * (W_hn h + b_hn)).
 Assumes what the recompute can reproduce: zero initial state, no inter-layer dropout while training, no
-projections, padded tensors (not PackedSequence); anything else is refused.
+projections, batched padded tensors (not PackedSequence); anything else is refused.
 """
 
 from __future__ import annotations
@@ -15,97 +18,104 @@ from torch import Tensor, nn
 
 from dpbench.errors import UnsupportedModelError
 from dpbench.privatizers.per_sample.layers import LAYER_HANDLERS, SiteMap, outer_product_site
+from dpbench.privatizers.per_sample.recurrence import (
+    RECURRENT_LAYERS,
+    LayerWeights,
+    directional_inputs,
+    directions,
+    input_gates,
+    joined_outputs,
+    layer_weights,
+    parameter_suffixes,
+    run_layer,
+)
 from dpbench.privatizers.per_sample.sites import DenseSite
 
 
 def refuse_unsupported_call(module: nn.Module, args: tuple, kwargs: dict) -> None:
-    """Called by the hook engine on every recorded forward: the rule recomputes from the input alone."""
-    if not isinstance(module, nn.LSTM):
+    """Called by the hook engine on every recorded forward: the rules recompute from the input alone."""
+    if not isinstance(module, RECURRENT_LAYERS):
         return
+    kind = type(module).__name__
     if not isinstance(args[0], Tensor):
-        raise UnsupportedModelError("per-sample nn.LSTM gradients need padded tensors, not a PackedSequence")
+        raise UnsupportedModelError(f"per-sample {kind} gradients need padded tensors, not a PackedSequence")
+    if args[0].dim() != 3:
+        raise UnsupportedModelError(f"per-sample {kind} gradients need a batched (3-D) input, got {args[0].dim()}-D")
     initial_state = args[1] if len(args) > 1 else kwargs.get("hx")
     if initial_state is not None:
-        raise UnsupportedModelError("per-sample nn.LSTM gradients assume a zero initial state: do not pass hx")
+        raise UnsupportedModelError(
+            f"per-sample {kind} gradients from hooks assume a zero initial state: do not pass hx "
+            "(privatizer.engine=functorch takes one)"
+        )
 
 
-def check_recomputable(module: nn.LSTM) -> None:
-    """The rules here rebuild the recurrence from weights and input alone: no projections, no inter-layer dropout."""
+def check_recomputable(module: nn.RNNBase) -> None:
+    """The rules rebuild the recurrence from weights and input alone: no projections, no inter-layer dropout."""
+    kind = type(module).__name__
     if module.proj_size:
-        raise UnsupportedModelError("per-sample gradients of nn.LSTM with proj_size > 0 are unsupported")
+        raise UnsupportedModelError(f"per-sample gradients of {kind} with proj_size > 0 from hooks are unsupported")
     if module.training and module.dropout > 0 and module.num_layers > 1:
-        raise UnsupportedModelError("nn.LSTM with inter-layer dropout: set dropout=0 for exact per-sample gradients")
+        raise UnsupportedModelError(f"{kind} with inter-layer dropout: set dropout=0 for exact per-sample gradients")
 
 
 def stacked_layer_weights(module: nn.LSTM, layer: int) -> tuple[Tensor, Tensor, Tensor]:
-    """(w_ih, w_hh, b_ih + b_hh) of a layer, stacked over its directions (zero bias when the LSTM has none)."""
-    suffixes = [f"_l{layer}" + ("_reverse" if d else "") for d in range(2 if module.bidirectional else 1)]
-    w_ih = torch.stack([getattr(module, "weight_ih" + s) for s in suffixes])
-    w_hh = torch.stack([getattr(module, "weight_hh" + s) for s in suffixes])
-    if module.bias:
-        bias = torch.stack([getattr(module, "bias_ih" + s) + getattr(module, "bias_hh" + s) for s in suffixes])
-    else:
-        bias = w_hh.new_zeros(w_hh.shape[:2])
-    return w_ih, w_hh, bias
+    """(w_ih, w_hh, b_ih + b_hh) of an LSTM layer, stacked over its directions: its two biases act as one."""
+    weights = layer_weights(module, layer)
+    return weights.w_ih, weights.w_hh, weights.b_ih + weights.b_hh
 
 
-def _recur(gate_inputs: Tensor, w_hh: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """gate_inputs (D, B, T, 4H) in each direction's processing order; returns outputs and previous states
-    (D, B, T, H) in that order, and the final h, c (D, B, H)."""
-    directions, batch, _, width = gate_inputs.shape
-    h = gate_inputs.new_zeros(directions, batch, width // 4)
-    c = torch.zeros_like(h)
-    w_hh_t = w_hh.transpose(1, 2)
-    outputs, previous = [], []
-    for step in gate_inputs.unbind(2):
-        previous.append(h)
-        i, f, g, o = (step + torch.bmm(h, w_hh_t)).chunk(4, dim=2)
-        c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
-        outputs.append(h)
-    return torch.stack(outputs, 2), torch.stack(previous, 2), h, c
+def _hidden_gate_grads(mode: str, gate_grads: Tensor, resets: Tensor | None) -> Tensor:
+    """dH from dG: equal, but for GRU's new gate, whose hidden part W_hn h + b_hn is scaled by the reset gate."""
+    if mode != "GRU":
+        return gate_grads
+    hidden = resets.shape[-1]
+    return torch.cat([gate_grads[..., : 2 * hidden], gate_grads[..., 2 * hidden :] * resets], dim=-1)
 
 
-def lstm_sites(module: nn.LSTM, x: Tensor, g: tuple, dense: bool) -> SiteMap:
-    """g is the gradient of the LSTM's whole output: (output, (h_n, c_n))."""
+def recurrent_sites(module: nn.RNNBase, x: Tensor, g: tuple, dense: bool) -> SiteMap:
+    """g is the gradient of the layer's whole output: (output, h_n), or (output, (h_n, c_n)) for the LSTM."""
     check_recomputable(module)
-    out_grad, (h_grad, c_grad) = g
+    out_grad, state_grad = g
+    state_grads = list(state_grad) if isinstance(module, nn.LSTM) else [state_grad]
     if not module.batch_first:
         x, out_grad = x.transpose(0, 1), out_grad.transpose(0, 1)
-    directions = 2 if module.bidirectional else 1
-    layers = []  # per layer: parameter names, inputs and previous states in processing order, gate inputs
+    mode, count = module.mode, directions(module)
+    layers = []  # per layer: its number, inputs and previous states in processing order, resets, input gates
     with torch.enable_grad():
-        layer_input = x
-        finals_h, finals_c = [], []
+        layer_input, runs = x, []
         for layer in range(module.num_layers):
-            suffixes = [f"_l{layer}" + ("_reverse" if d else "") for d in range(directions)]
-            w_ih, w_hh, bias = (weight.detach() for weight in stacked_layer_weights(module, layer))
-            inputs = torch.stack([layer_input, layer_input.flip(1)][:directions])  # (D, B, T, in)
-            gate_inputs = inputs @ w_ih.transpose(1, 2).unsqueeze(1) + bias[:, None, None]
-            if not gate_inputs.requires_grad:  # the first layer: a leaf
-                gate_inputs.requires_grad_()
-            outputs, previous, h, c = _recur(gate_inputs, w_hh)
-            layers.append((suffixes, inputs.detach(), previous.detach(), gate_inputs))
-            finals_h.append(h)
-            finals_c.append(c)
-            layer_input = torch.cat([outputs[0], *[o.flip(1) for o in outputs[1:]]], dim=2)
-        gate_grads = torch.autograd.grad(
-            [layer_input, torch.cat(finals_h), torch.cat(finals_c)],
-            [gate_inputs for *_, gate_inputs in layers],
-            [out_grad, h_grad, c_grad],
-        )
+            weights = LayerWeights(*(None if w is None else w.detach() for w in layer_weights(module, layer)))
+            inputs = directional_inputs(layer_input, count)
+            gates = input_gates(mode, inputs, weights)
+            if not gates.requires_grad:  # the first layer: a leaf
+                gates.requires_grad_()
+            zeros = gates.new_zeros(count, x.shape[0], module.hidden_size)
+            run = run_layer(mode, gates, weights, zeros, zeros if mode == "LSTM" else None)
+            resets = None if run.resets is None else run.resets.detach()
+            layers.append((layer, inputs.detach(), run.previous.detach(), resets, gates))
+            runs.append(run)
+            layer_input = joined_outputs(run.outputs)
+        finals = [torch.cat([run.h for run in runs])]
+        if mode == "LSTM":
+            finals.append(torch.cat([run.c for run in runs]))
+        gate_grads = torch.autograd.grad([layer_input, *finals], [gates for *_, gates in layers],
+                                         [out_grad, *state_grads])
     sites: SiteMap = {}
-    for (suffixes, inputs, previous, _), grads in zip(layers, gate_grads, strict=True):
-        for d, suffix in enumerate(suffixes):
-            for name, factor in (("weight_ih", inputs[d]), ("weight_hh", previous[d])):
+    for (layer, inputs, previous, resets, _), grads in zip(layers, gate_grads, strict=True):
+        hidden_grads = _hidden_gate_grads(mode, grads, resets)
+        for d, suffix in enumerate(parameter_suffixes(module, layer)):
+            terms = [("weight_ih", inputs[d], grads[d]), ("weight_hh", previous[d], hidden_grads[d])]
+            if module.bias:  # a bias is a weight whose input is 1 at every step
+                terms += [("bias_ih", None, grads[d]), ("bias_hh", None, hidden_grads[d])]
+            for name, factor, grad in terms:
                 param = getattr(module, name + suffix)
-                if param.requires_grad:
-                    sites[param] = outer_product_site(factor, grads[d], param.shape, dense)
-            for name in ("bias_ih", "bias_hh") if module.bias else ():
-                param = getattr(module, name + suffix)
-                if param.requires_grad:
-                    sites[param] = DenseSite(grads[d].sum(1))
+                if not param.requires_grad:
+                    continue
+                if factor is None:
+                    sites[param] = DenseSite(grad.sum(1))
+                else:
+                    sites[param] = outer_product_site(factor, grad, param.shape, dense)
     return sites
 
 
-LAYER_HANDLERS[nn.LSTM] = lstm_sites
+LAYER_HANDLERS.update(dict.fromkeys(RECURRENT_LAYERS, recurrent_sites))
