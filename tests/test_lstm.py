@@ -57,7 +57,7 @@ def test_lstm_per_sample_gradients_and_clipped_sum_match_loop(case):
     ids, targets = torch.randint(0, 9, (5, 6), generator=generator), torch.randint(0, 2, (5,), generator=generator)
     ids[0, :3] = PAD  # padding, as the data pads
     engine = make_engine(model)
-    assert isinstance(engine, HookEngine)  # the exact fast route, not vmap
+    assert isinstance(engine.engine, HookEngine)  # the exact fast route, not vmap
     reference = loop_gradients(model, ids, targets)
     per_sample = engine.per_sample_gradients(TASK, (ids, targets))
     for i, expected in enumerate(reference):

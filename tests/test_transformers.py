@@ -30,7 +30,7 @@ def test_hook_engine_matches_loop_on_transformers(case):
     torch.manual_seed(0)
     build, make_batch = TRANSFORMERS[case]
     model = build()
-    assert isinstance(make_engine(model), HookEngine)  # every trainable module has a rule: vanilla at hook speed
+    assert isinstance(make_engine(model).engine, HookEngine)  # every trainable module has a rule: vanilla at hook speed
     batch = make_batch()
     per_sample = HookEngine(model).per_sample_gradients(TASK, batch)
     assert set(per_sample) == {n for n, p in model.named_parameters() if p.requires_grad}
@@ -76,7 +76,7 @@ def test_minilm_is_fine_tuned_from_the_bundled_checkpoint_on_hf_tokenized_text()
     assert data.train.features["attention_mask"][0].sum() < 8  # the short text is padded
     model = build_model(OmegaConf.create({"name": "minilm", "pretrained": "minilm"}), data)
     assert sum(p.numel() for p in model.parameters()) > 22_000_000
-    assert isinstance(make_engine(model), HookEngine)
+    assert isinstance(make_engine(model).engine, HookEngine)
     assert TASK.per_sample_loss(model, data.train[0]).shape == (1,)
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
 
@@ -24,7 +25,7 @@ from torch import Tensor, nn
 
 from dpbench.errors import ConfigurationError
 from dpbench.privacy.randomness import PrivacyRandomness
-from dpbench.privatizers.per_sample.hooks import HookEngine
+from dpbench.privatizers.per_sample.hooks import Call, HookEngine
 from dpbench.privatizers.per_sample.layers import (
     SiteMap,
     handler_for,
@@ -118,16 +119,19 @@ class RandomProjections(Projector):
 
 
 class _Tap(torch.autograd.Function):
-    """Identity on a layer output whose backward hands the output gradient to a callback as soon as it is known.
+    """In-place identity on a layer output whose backward hands the output gradient to a callback once it is known.
 
     Its second input, a scalar anchor, is what the backward asks a gradient for, so autograd runs every tap (and
-    frees each full output gradient once the callback has projected it) without computing any weight gradient.
+    frees each full output gradient once the callback has projected it) without computing any weight gradient. The
+    output is marked dirty rather than viewed, so the model may still modify it in place (nn.ReLU(inplace=True)):
+    the tap sees the gradient of the value the layer produced.
     """
 
     @staticmethod
     def forward(ctx, output: Tensor, anchor: Tensor, callback) -> Tensor:
         ctx.callback, ctx.anchor = callback, (anchor.dtype, anchor.device)
-        return output.view_as(output)
+        ctx.mark_dirty(output)
+        return output
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -140,44 +144,52 @@ class ProjectedHookEngine(HookEngine):
     """The hook engine, with the weights of `projections` projected from their activations and output gradients.
 
     Projected layers are streamed: their output gradient is projected during the backward pass (through a tap on
-    the output) and only the projected factor is kept, instead of every layer's full output gradient at once.
+    the output) and only the projected factor is kept, instead of every layer's full output gradient at once. The
+    first batch is checked against per-example gradients projected with the same matrices (Projector.project).
     """
 
     def __init__(self, model: nn.Module, projections: RandomProjections):
         super().__init__(model)
         self.projections = projections
-        self._taps: list[tuple[nn.Module, Tensor | None]] = []
+        self._taps: list[Call | None] = []
         self._streamed: list[SiteMap] = []
 
     def _record(self, module: nn.Module, args: tuple, kwargs: dict, output):
         weight = getattr(module, "weight", None)
         if not (self._recording and torch.is_grad_enabled() and weight in self.projections.specs):
             return super()._record(module, args, kwargs, output)
-        self._taps.append((module, args[0]))
+        self._taps.append(self._call(module, args, kwargs, output))
         return _Tap.apply(output, self._anchor, partial(self._on_output_grad, len(self._taps) - 1))
 
     def _on_output_grad(self, index: int, g: Tensor) -> None:
-        module, x = self._taps[index]
-        self._taps[index] = (module, None)  # the sites keep what they need (A Q instead of A on the right)
-        dense = self._dense or self._calls[module] > 1
-        self._streamed.append(self.call_sites(module, x, g, self._batch, dense))
+        call = self._taps[index]
+        if call is None:  # a later backward through the same graph: the first batch's per-example check
+            return
+        self._taps[index] = None  # the sites keep what they need (A Q instead of A on the right)
+        dense = self._dense or self._tap_counts[call.module] > 1
+        self._streamed.append(self.call_sites(call.module, call.input, g, self._batch, dense))
 
     def _sites(self, task: Task, batch: Batch, dense: bool):
         device = next(iter(self.projections.specs), torch.zeros(())).device
         self._anchor = torch.zeros((), device=device, requires_grad=True)
         self._taps, self._streamed, self._dense, self._batch = [], [], dense, batch_size_of(batch)
         try:
-            sites, losses = super()._sites(task, batch, dense)
-            for site_map in self._streamed:
-                for param, site in site_map.items():
-                    sites[self.names[param]].append(site)
-            return sites, losses
+            return super()._sites(task, batch, dense)
         finally:
             self._taps, self._streamed = [], []
 
-    def _output_grads(self, losses: Tensor, outputs: list) -> list:
-        self._calls = Counter(module for module, _ in self._taps)
-        return super()._output_grads(losses, [*outputs, self._anchor])[:-1]
+    def _streamed_sites(self) -> list[SiteMap]:
+        return self._streamed
+
+    def _check_calls(self, losses: Tensor, calls: list[Call], first: bool) -> None:
+        super()._check_calls(losses, [*calls, *self._taps], first)
+
+    def _output_grads(self, losses: Tensor, calls: list[Call], retain_graph: bool, anchors: Iterable = ()) -> list:
+        self._tap_counts = Counter(call.module for call in self._taps)
+        return super()._output_grads(losses, calls, retain_graph, [*anchors, self._anchor])
+
+    def reference(self, param: nn.Parameter, grad: Tensor) -> Tensor:
+        return self.projections.project(param, grad) if param in self.projections.specs else grad
 
     def module_sites(self, module: nn.Module, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
         weight = getattr(module, "weight", None)

@@ -5,26 +5,29 @@ from __future__ import annotations
 from torch import nn
 
 from dpbench.errors import ConfigurationError
+from dpbench.privatizers.per_sample.auto import AutoEngine
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.functorch import FunctorchEngine
-from dpbench.privatizers.per_sample.hooks import HookEngine, unsupported_modules
+from dpbench.privatizers.per_sample.hooks import HookEngine
 
-PerSampleEngine = HookEngine | FunctorchEngine
+PerSampleEngine = HookEngine | AutoEngine
 
 ENGINES = ("auto", "hooks", "functorch")
 
 
 def make_engine(model: nn.Module, engine: str = "auto", chunk_size: int | None = None) -> PerSampleEngine:
-    """hooks (fastest, see BENCHMARKS.md) when every trainable layer has a rule, else functorch."""
+    """auto: hooks (fastest, see BENCHMARKS.md) while they serve the model, else functorch; hooks: refuse what they
+    cannot serve; functorch: vmap. Every engine checks its first batch against per-example backward passes."""
     if engine not in ENGINES:
         raise ConfigurationError(f"privatizer.engine must be one of {ENGINES}, got {engine!r}")
     refuse_sample_mixing_layers(model)
-    if engine == "hooks" or (engine == "auto" and not unsupported_modules(model)):
+    if engine == "hooks":
         return HookEngine(model)
-    return FunctorchEngine(model, chunk_size=chunk_size)
+    return AutoEngine(model, chunk_size=chunk_size, hooks=engine == "auto")
 
 
 __all__ = [
+    "AutoEngine",
     "ClippedSum",
     "FunctorchEngine",
     "HookEngine",

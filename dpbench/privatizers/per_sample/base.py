@@ -26,11 +26,15 @@ def trainable_parameters(model: nn.Module) -> dict[str, nn.Parameter]:
 
 
 def refuse_sample_mixing_layers(model: nn.Module) -> None:
-    """Per-sample gradients are meaningless when a layer mixes samples of the batch."""
+    """Per-sample gradients are meaningless when a layer mixes samples of the batch.
+
+    BatchNorm normalizes with batch statistics while training, and in eval mode too without running statistics;
+    the mode at attach time says nothing about the mode at a step (training switches it), so every one is refused.
+    """
     for name, module in model.named_modules():
-        if isinstance(module, SAMPLE_MIXING_LAYERS) and (module.training or module.track_running_stats):
+        if isinstance(module, SAMPLE_MIXING_LAYERS):
             raise UnsupportedModelError(
-                f"layer {name or type(model).__name__} ({type(module).__name__}) mixes samples of a batch, so "
-                "per-sample gradients and the privacy guarantee do not hold: replace it with GroupNorm or "
-                "LayerNorm (e.g. nn.GroupNorm(min(32, C), C)) or remove it"
+                f"layer {name or type(model).__name__} ({type(module).__name__}) mixes samples of a batch through "
+                "its batch statistics, so per-sample gradients and the privacy guarantee do not hold: replace it "
+                "with GroupNorm or LayerNorm (e.g. nn.GroupNorm(min(32, C), C)) or remove it"
             )

@@ -1,26 +1,49 @@
 """Per-sample gradient engine on module hooks: one forward, one backward to the layer outputs only.
 
-The backward asks autograd for the gradients of the recorded layer *outputs*, so it never computes the
-(unused) batch weight gradients; per-sample norms and the clipped sum are then formed from the recorded
-activations (ghost norms where cheaper). Covers Linear, Conv1d/2d, Embedding, LayerNorm, GroupNorm and the
-Hugging Face layers named in layers.NAMED_HANDLERS (Conv1D, ViT embeddings, OPT positions).
+The backward asks autograd for the gradients of the recorded layer *outputs*, so it never computes the (unused)
+batch weight gradients; per-sample norms and the clipped sum are then formed from the recorded activations (ghost
+norms where cheaper). Covers Linear, Conv1d/2d, Embedding, LayerNorm, GroupNorm, nn.LSTM and the Hugging Face layers
+named in layers.NAMED_HANDLERS (Conv1D, ViT embeddings, OPT positions).
+
+It fails closed. An output is differentiated at the graph edge it had when recorded, so an in-place op on it
+(nn.ReLU(inplace=True), a residual `out += x`) changes nothing; a recorded input changed in place is refused. On its
+first batch the engine also checks that every parameter getting a gradient was seen by a hook, and compares a few
+samples' per-sample gradients with per-example backward passes (verify.py): the hooks' assumptions (sample-major
+inputs, parameters used inside their module's call only) are checked rather than trusted.
 """
 
 from __future__ import annotations
 
+import inspect
 from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 from torch import Tensor, nn
-from torch.utils._pytree import tree_flatten, tree_unflatten
+from torch.autograd.graph import GradientEdge, get_gradient_edge
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from dpbench.errors import UnsupportedModelError
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
-from dpbench.privatizers.per_sample.layers import SiteMap, handler_for
+from dpbench.privatizers.per_sample.layers import SiteMap, handler_for, input_for
 from dpbench.privatizers.per_sample.recurrent import refuse_unsupported_call
 from dpbench.privatizers.per_sample.sites import Site
+from dpbench.privatizers.per_sample.verify import (
+    checked_samples,
+    describe,
+    mismatched,
+    parameters_reached,
+    per_example_gradients,
+)
 from dpbench.tasks import Batch, Task
+
+NOT_HOOKABLE = (
+    "make the model call each layer on batch-first inputs and use parameters only through their layer, or use "
+    "privatizer.engine=functorch (or auto) where the privatizer has one"
+)
 
 
 def unsupported_modules(model: nn.Module) -> list[str]:
@@ -34,10 +57,38 @@ def unsupported_modules(model: nn.Module) -> list[str]:
 
 
 def _unflatten_tokens(x: Tensor, g, batch: int) -> tuple[Tensor, object]:
-    """A 2-D (B*T, d) input is tokens flattened sample-major (HF OPT's MLP: reshape(-1, d)): back to (B, T, d)."""
+    """A 2-D (B*T, d) input is tokens flattened sample-major (HF OPT's MLP: reshape(-1, d)): back to (B, T, d).
+
+    A time-major flattening looks the same; the first batch's verification tells them apart.
+    """
     if x.dim() == 2 and isinstance(g, Tensor) and x.shape[0] != batch and x.shape[0] % batch == 0:
         return x.reshape(batch, -1, x.shape[-1]), g.reshape(batch, -1, g.shape[-1])
     return x, g
+
+
+def _rebased_edge(output: Tensor) -> GradientEdge | None:
+    """Where the output's gradient is read if an in-place op later rebases it: its own edge, or for a view that
+    reshapes a whole tensor (nn.Linear on (B, T, d)) its base's; None for other views, whose edge autograd drops."""
+    if not output._is_view():
+        return get_gradient_edge(output)
+    base = output._base
+    if base.requires_grad and base.numel() == output.numel() and base.is_contiguous() and output.is_contiguous():
+        return get_gradient_edge(base)
+    return None
+
+
+@dataclass
+class Call:
+    """One recorded forward of a hooked module: what its rule reads, and what must not change before the backward."""
+
+    module: nn.Module
+    input: Any
+    input_version: int | None
+    outputs: list[Any]
+    """The output's leaves (nn.LSTM returns (output, (h_n, c_n))), rebuilt with `spec`."""
+    spec: TreeSpec
+    versions: list[int | None]
+    edges: list[GradientEdge | None]
 
 
 class HookEngine:
@@ -52,8 +103,12 @@ class HookEngine:
                 + "; use privatizer.engine=functorch (vmap) for this model"
             )
         self.model = model
-        self.names = {p: name for name, p in trainable_parameters(model).items()}
-        self._records: list[tuple[nn.Module, Tensor, Tensor]] = []
+        self.params = trainable_parameters(model)
+        self.names = {p: name for name, p in self.params.items()}
+        self.module_names = {module: name or "<root>" for name, module in model.named_modules()}
+        self.verified = False
+        """Set once a batch's per-sample gradients matched per-example backward passes (the first batch's)."""
+        self._calls: list[Call] = []
         self._recording = False
         self._handles = [
             module.register_forward_hook(self._record, with_kwargs=True)
@@ -63,15 +118,31 @@ class HookEngine:
 
     def _record(self, module: nn.Module, args: tuple, kwargs: dict, output: Tensor | tuple) -> None:
         if self._recording and torch.is_grad_enabled():
-            refuse_unsupported_call(module, args, kwargs)
-            self._records.append((module, args[0], output))
+            self._calls.append(self._call(module, args, kwargs, output))
+
+    def _call(self, module: nn.Module, args: tuple, kwargs: dict, output: Tensor | tuple) -> Call:
+        if kwargs:  # self.fc(input=x): the rules read the call's positional arguments
+            bound = inspect.signature(module.forward).bind(*args, **kwargs)
+            args, kwargs = bound.args, bound.kwargs
+        refuse_unsupported_call(module, args, kwargs)
+        x = input_for(module)(module, *args)
+        leaves, spec = tree_flatten(output)
+        tensors = [leaf if isinstance(leaf, Tensor) and leaf.requires_grad else None for leaf in leaves]
+        return Call(
+            module, x, x._version if isinstance(x, Tensor) else None, leaves, spec,
+            [None if t is None else t._version for t in tensors],
+            [None if t is None else _rebased_edge(t) for t in tensors],
+        )
+
+    def name(self, module: nn.Module) -> str:
+        return f"{self.module_names.get(module, '?')} ({type(module).__name__})"
 
     def detach(self) -> None:
         for handle in self._handles:
             handle.remove()
 
     def _forward(self, task: Task, batch: Batch) -> Tensor:
-        self._records = []
+        self._calls = []
         self._recording = True
         try:
             return task.per_sample_loss(self.model, batch)
@@ -80,39 +151,129 @@ class HookEngine:
 
     def _sites(self, task: Task, batch: Batch, dense: bool) -> tuple[dict[str, list[Site]], Tensor]:
         losses = self._forward(task, batch)
-        records, self._records = self._records, []
-        output_grads = self._output_grads(losses, [output for _, _, output in records])
+        calls, self._calls = self._calls, []
+        first = not self.verified
+        self._check_calls(losses, calls, first)
+        output_grads = self._output_grads(losses, calls, retain_graph=first)
         calls_per_param: dict[nn.Parameter, int] = defaultdict(int)
-        for module, _, _ in records:
-            for p in module.parameters(recurse=False):
+        for call in calls:
+            for p in call.module.parameters(recurse=False):
                 calls_per_param[p] += 1
         sites: dict[str, list[Site]] = defaultdict(list)
-        for (module, x, _), g in zip(records, output_grads, strict=True):
-            shared = any(calls_per_param[p] > 1 for p in module.parameters(recurse=False))
-            for param, site in self.call_sites(module, x, g, losses.shape[0], dense or shared).items():
+        site_maps = [
+            self.call_sites(call.module, call.input, g, losses.shape[0],
+                            dense or any(calls_per_param[p] > 1 for p in call.module.parameters(recurse=False)))
+            for call, g in zip(calls, output_grads, strict=True)
+        ]
+        for site_map in [*site_maps, *self._streamed_sites()]:
+            for param, site in site_map.items():
                 sites[self.names[param]].append(site)
+        if first:
+            self._verify(losses, sites)
+            self.verified = True
         return sites, losses.detach()
 
-    def _output_grads(self, losses: Tensor, outputs: list) -> list:
-        """Gradients of the recorded outputs, from one backward that computes no weight gradient."""
-        flat = [tree_flatten(output) for output in outputs]  # nn.LSTM returns (output, (h_n, c_n))
-        leaves = [leaf for leaves, _ in flat for leaf in leaves]
-        leaf_grads = iter(torch.autograd.grad(losses.sum(), leaves, allow_unused=True, materialize_grads=True))
-        return [tree_unflatten([next(leaf_grads) for _ in leaves], spec) for leaves, spec in flat]
+    def _streamed_sites(self) -> list[SiteMap]:
+        """Sites formed during the backward pass (GRAPE's projected layers)."""
+        return []
+
+    def _check_calls(self, losses: Tensor, calls: list[Call], first: bool) -> None:
+        """Per step, O(calls): no recorded input changed in place. First step: every parameter reached was hooked."""
+        for call in calls:
+            if call.input_version is not None and call.input._version != call.input_version:
+                raise UnsupportedModelError(
+                    f"the input of {self.name(call.module)} was modified in place after the layer read it, so its "
+                    "per-sample gradients would be formed from the modified values: make that operation out-of-place "
+                    "(e.g. nn.ReLU(inplace=False)) or use privatizer.engine=functorch"
+                )
+        if not first:
+            return
+        covered = {p for call in calls for p in call.module.parameters(recurse=False)}
+        missed = [self.names[p] for p in parameters_reached(losses) if p in self.names and p not in covered]
+        if missed:
+            raise UnsupportedModelError(
+                f"{', '.join(sorted(missed))} get gradients outside any call of their module (e.g. "
+                "F.linear(x, layer.weight)), which no hook sees: call the module itself, or use "
+                "privatizer.engine=functorch (or auto)"
+            )
+
+    def _output_grads(self, losses: Tensor, calls: list[Call], retain_graph: bool, anchors: Iterable = ()) -> list:
+        """Gradients of the recorded outputs at their recorded edges, from one backward that computes no weight
+        gradient (`anchors`: further tensors the backward must reach, their gradients dropped)."""
+        targets: list[Tensor | GradientEdge] = []
+        for call in calls:
+            for output, version, edge in zip(call.outputs, call.versions, call.edges, strict=True):
+                if version is None:
+                    continue
+                if output._version == version:
+                    targets.append(output)
+                elif edge is not None:
+                    targets.append(edge)
+                else:
+                    raise UnsupportedModelError(
+                        f"the output of {self.name(call.module)} is a view that an in-place operation modified, so "
+                        "its gradient cannot be read where the layer produced it: make that operation out-of-place "
+                        "(e.g. nn.ReLU(inplace=False)) or use privatizer.engine=functorch"
+                    )
+        anchors = list(anchors)
+        if not targets and not anchors:
+            return [tree_unflatten([None] * len(call.outputs), call.spec) for call in calls]
+        grads = iter(torch.autograd.grad(
+            losses.sum(), [*targets, *anchors], allow_unused=True, retain_graph=retain_graph
+        ))
+        per_call = []
+        for call in calls:
+            leaf_grads = []
+            for output, version in zip(call.outputs, call.versions, strict=True):
+                g = None if version is None else next(grads)
+                if version is not None:
+                    g = torch.zeros_like(output) if g is None else g.reshape(output.shape)
+                leaf_grads.append(g)
+            per_call.append(tree_unflatten(leaf_grads, call.spec))
+        return per_call
 
     def call_sites(self, module: nn.Module, x: Tensor, g, batch: int, dense: bool) -> SiteMap:
         """Sites of one recorded call, after checking that the call saw the whole batch."""
         x, g = _unflatten_tokens(x, g, batch)
-        if x.shape[1 if getattr(module, "batch_first", True) is False else 0] != batch:
+        batch_dim = 1 if getattr(module, "batch_first", True) is False else 0
+        if x.shape[batch_dim] != batch:
             raise UnsupportedModelError(
-                f"{type(module).__name__} was called on a batch of {x.shape[0]}, not {batch}: its output is "
-                "broadcast over the batch (e.g. position ids of shape (1, T)), so per-sample gradients are lost"
+                f"{self.name(module)} was called on an input whose batch dimension has {x.shape[batch_dim]} rows, "
+                f"not the batch's {batch} samples (e.g. position ids of shape (1, T) broadcast over the batch, or a "
+                "time-major or concatenated input), so the hooks cannot tell the samples apart: pass per-sample "
+                "(B, ...) inputs (dpbench's SequenceClassifier gives BERT and GPT-2 (B, T) position ids), or use "
+                "privatizer.engine=functorch (or auto)"
             )
         return self.module_sites(module, x.detach(), g, dense)
 
     def module_sites(self, module: nn.Module, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
         """One recorded call's sites, by parameter: the layer's rule (strategies may transform them, e.g. GRAPE)."""
         return handler_for(module)(module, x, g, dense)
+
+    def reference(self, param: nn.Parameter, grad: Tensor) -> Tensor:
+        """A per-example gradient in the space this engine's sites live in (GRAPE: projected)."""
+        return grad
+
+    def _verify(self, losses: Tensor, sites: dict[str, list[Site]]) -> None:
+        """Compare a few samples' gradients and norms with per-example backward passes through the batch's graph."""
+        batch = losses.shape[0]
+        samples = checked_samples(batch)
+        norms = {name: _norm_sq(group) for name, group in sites.items()}
+        bad: dict[str, float] = {}
+        for i, expected in zip(samples, per_example_gradients(losses, self.params, samples), strict=True):
+            one_hot = torch.zeros(batch, dtype=losses.dtype, device=losses.device)
+            one_hot[i] = 1
+            got = {name: sum(site.weighted_sum(one_hot) for site in group) for name, group in sites.items()}
+            expected = {name: self.reference(self.params[name], g) for name, g in expected.items()}
+            for name, error in mismatched(got, {n: v[i].sqrt() for n, v in norms.items()}, expected).items():
+                bad[name] = max(error, bad.get(name, 0.0))
+        if bad:
+            raise UnsupportedModelError(
+                f"the hook engine's per-sample gradients of {describe(bad)} differ from per-example backward passes "
+                "on this batch: a parameter used outside its module's call (a tied output layer), an input that is "
+                "not sample-major (time-major, reshape(-1, d) of a (T, B, d) tensor, torch.cat of samples through "
+                f"one layer) or a module whose forward is not its type's: {NOT_HOOKABLE}"
+            )
 
     def per_sample_gradients(self, task: Task, batch: Batch) -> dict[str, Tensor]:
         """Materialized (B, *shape) gradients: for tests and for strategies that transform them."""
@@ -125,7 +286,7 @@ class HookEngine:
         """sum_i factor_i g_i; factor_fn gives the per-sample factors (default: clip to C; D2P2: automatic)."""
         sites, factors, norms, losses = self.clipped_sites(task, batch, clip_norm, factor_fn)
         grads = {name: sum(site.weighted_sum(factors) for site in group) for name, group in sites.items()}
-        for name, param in trainable_parameters(self.model).items():
+        for name, param in self.params.items():
             if name not in grads:  # not reached by this batch's forward pass: its gradient is zero
                 grads[name] = torch.zeros_like(param)
         return ClippedSum(grads=grads, norms=norms, losses=losses)
@@ -135,16 +296,12 @@ class HookEngine:
     ) -> tuple[dict[str, list[Site]], Tensor, Tensor, Tensor]:
         """(sites by parameter name, clipping factors, per-sample norms, losses), non-finite samples zeroed.
 
-        For strategies that sum the clipped gradients their own way (sparse: touched embedding rows only).
+        For strategies that sum the clipped gradients their own way (sparse: touched embedding rows only). The norms
+        are accumulated in the sites' precision (float64 for a float64 model), at least float32.
         """
         sites, losses = self._sites(task, batch, dense=False)
-        norm_sq = torch.zeros(losses.shape[0], device=losses.device)
-        for group in sites.values():
-            if len(group) == 1:
-                norm_sq += group[0].norm_sq()
-            else:  # a parameter used at several sites was materialized at each: add the gradients first
-                norm_sq += sum(site.materialize() for site in group).flatten(1).pow(2).sum(1)
-        norms = norm_sq.sqrt()
+        zero = torch.zeros(losses.shape[0], device=losses.device)
+        norms = sum((_norm_sq(group) for group in sites.values()), zero).sqrt()
         factors = factor_fn(norms, clip_norm)
         bad = ~torch.isfinite(norms)
         if bad.any():
@@ -152,3 +309,10 @@ class HookEngine:
                 for site in group:
                     site.zero_samples(bad)
         return sites, factors, norms, losses
+
+
+def _norm_sq(group: list[Site]) -> Tensor:
+    """(B,) squared norms of one parameter's per-sample gradients, summed over its sites first when it has several."""
+    if len(group) == 1:
+        return group[0].norm_sq()
+    return sum(site.materialize() for site in group).flatten(1).pow(2).sum(1)

@@ -66,9 +66,9 @@ def linear_sites(module: nn.Module, x: Tensor, g: Tensor, dense: bool) -> SiteMa
     return sites
 
 
-def _patches(x: Tensor, kernel, stride, padding, dilation) -> Tensor:
-    """(B, L, C*kh*kw) receptive fields as a strided view copied once: several times faster than F.unfold."""
-    x = F.pad(x, (padding[1], padding[1], padding[0], padding[0])).contiguous()
+def _patches(x: Tensor, kernel, stride, dilation) -> Tensor:
+    """(B, L, C*kh*kw) receptive fields of a padded input as a strided view copied once: faster than F.unfold."""
+    x = x.contiguous()
     batch, channels, height, width = x.shape
     out_h = (height - dilation[0] * (kernel[0] - 1) - 1) // stride[0] + 1
     out_w = (width - dilation[1] * (kernel[1] - 1) - 1) // stride[1] + 1
@@ -80,19 +80,28 @@ def _patches(x: Tensor, kernel, stride, padding, dilation) -> Tensor:
     return view.reshape(batch, out_h * out_w, channels * kernel[0] * kernel[1])
 
 
+def _grouped_sites(module: nn.Conv1d | nn.Conv2d, patches: Tensor, g: Tensor) -> SiteMap:
+    """groups > 1: each group's output channels see only its input channels. Materialized: grouped (e.g. depthwise)
+    weights are small next to the activations."""
+    batch, positions, _ = patches.shape
+    a = patches.reshape(batch, positions, module.groups, -1)  # patches are channel-major: groups are contiguous
+    per_group = g.reshape(batch, positions, module.groups, -1)
+    weight_grad = torch.einsum("blgo,blgi->bgoi", per_group, a).reshape(batch, *module.weight.shape)
+    return _affine_sites(module, weight_grad, g.sum(1))
+
+
 def conv_sites(module: nn.Conv1d | nn.Conv2d, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
-    if module.groups != 1 or module.padding_mode != "zeros" or isinstance(module.padding, str):
-        raise UnsupportedModelError(
-            f"{module}: the hook engine handles ungrouped convolutions with numeric zero padding; "
-            "use privatizer.engine=functorch for this model"
-        )
-    if isinstance(module, nn.Conv1d):
-        x, kernel = x.unsqueeze(2), (1, module.kernel_size[0])
-        stride, padding, dilation = (1, module.stride[0]), (0, module.padding[0]), (1, module.dilation[0])
-    else:
-        kernel, stride, padding, dilation = module.kernel_size, module.stride, module.padding, module.dilation
-    patches = _patches(x, kernel, stride, padding, dilation)  # (B, L, in*k)
+    """Any stride, dilation, groups, numeric or 'same' padding and padding mode: the input is padded as the layer pads
+    it (nn.Conv's own padding amounts), then every weight is an outer product of patches and output gradients."""
+    mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+    x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
+    kernel, stride, dilation = module.kernel_size, module.stride, module.dilation
+    if isinstance(module, nn.Conv1d):  # a 1 x k image
+        x, kernel, stride, dilation = x.unsqueeze(2), (1, *kernel), (1, *stride), (1, *dilation)
+    patches = _patches(x, kernel, stride, dilation)  # (B, L, in*k)
     g = g.reshape(g.shape[0], g.shape[1], -1).transpose(1, 2)  # (B, L, out)
+    if module.groups > 1:
+        return _grouped_sites(module, patches, g)
     return _matrix_sites(module, patches, g, dense)
 
 
@@ -143,10 +152,16 @@ def vit_embeddings_sites(module: nn.Module, x: Tensor, g: Tensor, dense: bool) -
     return sites
 
 
-def opt_positions_sites(module: nn.Embedding, attention_mask: Tensor, g: Tensor, dense: bool) -> SiteMap:
-    """HF OPTLearnedPositionalEmbedding is called with the attention mask: positions are its running count."""
-    positions = (attention_mask.cumsum(1) * attention_mask - 1).long() + module.offset
-    return embedding_sites(module, positions, g, dense)
+def opt_position_ids(module: nn.Embedding, attention_mask: Tensor, past_key_values_length: int = 0,
+                     position_ids: Tensor | None = None) -> Tensor:
+    """The ids HF OPTLearnedPositionalEmbedding looks up: the given position ids, else the mask's running count."""
+    if position_ids is None:
+        position_ids = (attention_mask.cumsum(1) * attention_mask - 1).long()[:, past_key_values_length:]
+    return position_ids + module.offset
+
+
+def first_input(module: nn.Module, *args) -> Tensor:
+    return args[0]
 
 
 LAYER_HANDLERS: dict[type[nn.Module], Callable[[nn.Module, Tensor, Tensor, bool], SiteMap]] = {
@@ -162,16 +177,34 @@ LAYER_HANDLERS: dict[type[nn.Module], Callable[[nn.Module, Tensor, Tensor, bool]
 NAMED_HANDLERS: dict[str, Callable[[nn.Module, Tensor, Tensor, bool], SiteMap]] = {
     "transformers.pytorch_utils.Conv1D": linear_sites,
     "transformers.models.vit.modeling_vit.ViTEmbeddings": vit_embeddings_sites,
-    "transformers.models.opt.modeling_opt.OPTLearnedPositionalEmbedding": opt_positions_sites,
+    "transformers.models.opt.modeling_opt.OPTLearnedPositionalEmbedding": embedding_sites,
 }
 """Hugging Face layers by qualified name, so that dpbench does not import transformers to look them up."""
+
+NAMED_INPUTS: dict[str, Callable[..., Tensor]] = {
+    "transformers.models.opt.modeling_opt.OPTLearnedPositionalEmbedding": opt_position_ids,
+}
+"""What a rule reads as the layer's input when it is not the first argument, from the call's positional arguments."""
+
+
+def _qualified(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
 
 
 def handler_for(module: nn.Module) -> Callable[[nn.Module, Tensor, Tensor, bool], SiteMap] | None:
     for cls in type(module).__mro__:
-        named = NAMED_HANDLERS.get(f"{cls.__module__}.{cls.__qualname__}")
+        named = NAMED_HANDLERS.get(_qualified(cls))
         if named is not None:
             return named
         if cls in LAYER_HANDLERS:
             return LAYER_HANDLERS[cls]
     return None
+
+
+def input_for(module: nn.Module) -> Callable[..., Tensor]:
+    """(module, *positional args of its call) -> the input its rule reads."""
+    for cls in type(module).__mro__:
+        named = NAMED_INPUTS.get(_qualified(cls))
+        if named is not None:
+            return named
+    return first_input
