@@ -9,8 +9,9 @@ import dpbench.privacy.randomness as randomness_module
 from dpbench.cli import config_dir
 from dpbench.config import register_schemas
 from dpbench.data import load_data
+from dpbench.errors import ConfigurationError
 from dpbench.models import build_model
-from dpbench.privacy.randomness import PrivacyRandomness
+from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
 from tests.cli import FAST, dpbench, final_weights
 from tests.trainer_run import fit, index_data
 
@@ -65,3 +66,26 @@ def test_secure_rng_reaches_sampling_noise_and_selection_through_a_trainer(monke
     fit(index_data(200), 20, 12, PrivacyRandomness(secure=True), privatizer={"name": "sparse", "selection": "random"})
     assert {"sampling", "noise", "selection"} <= {stream for stream, _ in used}
     assert all(secure for _, secure in used)
+
+
+def test_the_noise_stream_resumes_where_it_stopped_and_never_replays_on_another_device():
+    stream = PrivateStream(PrivacyRandomness(5), "noise")
+    first = stream.normal_like(torch.zeros(100))
+    saved = stream.state_dict()
+    continued = stream.normal_like(torch.zeros(100))
+    resumed = PrivateStream(PrivacyRandomness(5), "noise")
+    resumed.load_state_dict(saved)
+    assert torch.equal(resumed.normal_like(torch.zeros(100)), continued)
+    # a checkpoint whose device is gone (a CUDA run resumed without a GPU): a new segment, not the start again
+    moved = PrivateStream(PrivacyRandomness(5), "noise")
+    moved.load_state_dict({**saved, "draws": {**saved["draws"], "device": "cuda:7"}})
+    after = moved.normal_like(torch.zeros(100))
+    assert moved.segment == saved["segment"] + 1
+    assert not torch.equal(after, first) and not torch.equal(after, continued)
+
+
+def test_a_resume_with_another_explicit_privacy_seed_is_refused():
+    state = PrivacyRandomness(5).state_dict()
+    PrivacyRandomness().load_state_dict(state)  # a secret seed takes the checkpoint's
+    with pytest.raises(ConfigurationError, match="privacy.seed differs"):
+        PrivacyRandomness(6).load_state_dict(state)
