@@ -32,21 +32,16 @@ ENGINES = {"hooks": HookEngine, "functorch": FunctorchEngine}
 
 
 def outcome(entry: Entry, run):
-    """run()'s engine, or None where the entry may be refused and is, with a message that says what to do.
-
-    An entry whose exact engine is in the tree must be served by that engine (auto falls back to functorch exactly
-    where the hooks would be wrong); one whose work is in progress may still be refused.
-    """
-    required = entry.engine is not None and entry.landed()
+    """run()'s engine, served by the entry's engine (auto falls back to functorch exactly where the hooks would be
+    wrong), or None for an entry that must be refused and is, with a message that says what to do."""
     try:
         engine = run()
     except UnsupportedModelError as error:
-        assert not required, f"refused, but {entry.engine} is exact for it: {error}"
+        assert entry.engine is None, f"refused, but {entry.engine} is exact for it: {error}"
         assert ACTION.search(str(error)), f"the refusal does not say what to do: {error}"
         return None
     assert entry.engine is not None, "a model that must be refused was accepted"
-    if required:
-        assert isinstance(engine.engine, ENGINES[entry.engine])
+    assert isinstance(engine.engine, ENGINES[entry.engine])
     return engine
 
 

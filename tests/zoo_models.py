@@ -1,7 +1,6 @@
 """The per-sample zoo: every torch layer type that carries parameters, the patterns that fool module hooks, and tiny
 Hugging Face models, each as a float64 classifier with a batch of 4 samples."""
 
-import importlib.util
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
@@ -11,24 +10,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpbench.models.hf import SequenceClassifier
-from dpbench.privatizers.per_sample.layers import LAYER_HANDLERS
 from tests import transformer_models
 
 SAMPLES, CLASSES = 4, 3
-
-
-def always() -> bool:
-    return True
-
-
-def recurrent_rules() -> bool:
-    """The hook engine's exact nn.RNN and nn.GRU rules (work in progress beside this zoo)."""
-    return nn.RNN in LAYER_HANDLERS and nn.GRU in LAYER_HANDLERS
-
-
-def traceable_functorch() -> bool:
-    """Functorch for float64 nn.LSTM and Hugging Face text models with attention masks (work in progress)."""
-    return importlib.util.find_spec("dpbench.privatizers.per_sample.vmap_traceable") is not None
 
 
 @dataclass(frozen=True)
@@ -38,8 +22,6 @@ class Entry:
     """Seed -> (inputs, targets)."""
     engine: str | None
     """The engine that must give exact per-sample clipping under auto, hooks or functorch; None: must be refused."""
-    landed: Callable[[], bool] = always
-    """Whether the work that makes the entry exact is in the tree; until then a clear refusal passes too."""
 
 
 def generator(seed: int) -> torch.Generator:
@@ -87,9 +69,8 @@ def classifier(body: Callable[[], nn.Module], *shape: int, ids: bool = False) ->
     return build
 
 
-def layer(body: Callable[[], nn.Module], *shape: int, engine: str = "hooks",
-          landed: Callable[[], bool] = always) -> Entry:
-    return Entry(classifier(body, *shape), dense(*shape), engine, landed)
+def layer(body: Callable[[], nn.Module], *shape: int, engine: str = "hooks") -> Entry:
+    return Entry(classifier(body, *shape), dense(*shape), engine)
 
 
 class Pair(nn.Module):
@@ -167,8 +148,8 @@ LAYERS = {
         lambda: nn.TransformerEncoderLayer(6, 2, dim_feedforward=8, dropout=0.0, batch_first=True), 4, 6,
         engine="functorch"),
     "lstm": layer(lambda: Recurrent(nn.LSTM), 5, 3),
-    "rnn": layer(lambda: Recurrent(nn.RNN), 5, 3, landed=recurrent_rules),
-    "gru": layer(lambda: Recurrent(nn.GRU), 5, 3, landed=recurrent_rules),
+    "rnn": layer(lambda: Recurrent(nn.RNN), 5, 3),
+    "gru": layer(lambda: Recurrent(nn.GRU), 5, 3),
     "batchnorm_training": Entry(batchnorm("train"), dense(5), None),
     "batchnorm_eval_batch_statistics": Entry(batchnorm("eval_batch_statistics"), dense(5), None),
     "batchnorm_eval_running_stats": Entry(batchnorm("eval_running_stats"), dense(5), None),
@@ -348,7 +329,7 @@ PATTERNS = {
     "residual_block": layer(ResidualBlock, 2, 4, 4),
     "functional_linear": layer(FunctionalLinear, 6, engine="functorch"),
     "tied_embedding_head": Entry(lambda: TiedHead().double(), tokens(), "functorch"),
-    "time_major_lstm_flattened": Entry(lambda: TimeMajorLSTM().double(), tokens(), "functorch", traceable_functorch),
+    "time_major_lstm_flattened": Entry(lambda: TimeMajorLSTM().double(), tokens(), "functorch"),
     "cat_through_shared_encoder": layer(SharedEncoder, 6, engine="functorch"),
     "time_major_linear_t_equals_b": layer(TimeMajorLinear, SAMPLES, 3, engine="functorch"),
     "keyword_call": layer(KeywordCall, 6),
@@ -362,10 +343,9 @@ TRANSFORMERS = {
     "vit": Entry(hf(transformer_models.vit), images, "hooks"),
     "opt": Entry(hf(transformer_models.opt), text, "hooks"),
     "opt_explicit_position_ids": Entry(hf(transformer_models.opt), opt_with_position_ids, "hooks"),
-    "bert_broadcast_position_ids": Entry(hf(partial(transformer_models.bert, False)), text, "functorch",
-                                         traceable_functorch),
-    "distilbert": Entry(hf(distilbert), text, "functorch", traceable_functorch),
-    "t5_encoder": Entry(hf(T5Classifier), text, "functorch", traceable_functorch),
+    "bert_broadcast_position_ids": Entry(hf(partial(transformer_models.bert, False)), text, "functorch"),
+    "distilbert": Entry(hf(distilbert), text, "functorch"),
+    "t5_encoder": Entry(hf(T5Classifier), text, "functorch"),
 }
 
 ZOO = {**LAYERS, **PATTERNS, **TRANSFORMERS}

@@ -163,30 +163,28 @@ class ProjectedHookEngine(HookEngine):
 
     def _on_output_grad(self, index: int, g: Tensor) -> None:
         call = self._taps[index]
-        if call is None:  # a later backward through the same graph: the first batch's per-example check
-            return
         self._taps[index] = None  # the sites keep what they need (A Q instead of A on the right)
         dense = self._dense or self._tap_counts[call.module] > 1
         self._streamed.append(self.call_sites(call.module, call.input, g, self._batch, dense))
 
-    def _sites(self, task: Task, batch: Batch, dense: bool):
+    def _collect(self, task: Task, batch: Batch, dense: bool, checked: Counter | None):
         device = next(iter(self.projections.specs), torch.zeros(())).device
         self._anchor = torch.zeros((), device=device, requires_grad=True)
         self._taps, self._streamed, self._dense, self._batch = [], [], dense, batch_size_of(batch)
         try:
-            return super()._sites(task, batch, dense)
+            return super()._collect(task, batch, dense, checked)
         finally:
             self._taps, self._streamed = [], []
 
     def _streamed_sites(self) -> list[SiteMap]:
         return self._streamed
 
-    def _check_calls(self, losses: Tensor, calls: list[Call], first: bool) -> None:
-        super()._check_calls(losses, [*calls, *self._taps], first)
-
-    def _output_grads(self, losses: Tensor, calls: list[Call], retain_graph: bool, anchors: Iterable = ()) -> list:
+    def _check_calls(self, losses: Tensor, calls: list[Call], checked: Counter | None) -> Counter:
         self._tap_counts = Counter(call.module for call in self._taps)
-        return super()._output_grads(losses, calls, retain_graph, [*anchors, self._anchor])
+        return super()._check_calls(losses, [*calls, *self._taps], checked)
+
+    def _output_grads(self, losses: Tensor, calls: list[Call], anchors: Iterable = ()) -> list:
+        return super()._output_grads(losses, calls, [*anchors, self._anchor])
 
     def reference(self, param: nn.Parameter, grad: Tensor) -> Tensor:
         return self.projections.project(param, grad) if param in self.projections.specs else grad

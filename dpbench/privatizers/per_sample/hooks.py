@@ -2,20 +2,21 @@
 
 The backward asks autograd for the gradients of the recorded layer *outputs*, so it never computes the (unused)
 batch weight gradients; per-sample norms and the clipped sum are then formed from the recorded activations (ghost
-norms where cheaper). Covers Linear, Conv1d/2d, Embedding, LayerNorm, GroupNorm, nn.LSTM and the Hugging Face layers
-named in layers.NAMED_HANDLERS (Conv1D, ViT embeddings, OPT positions).
+norms where cheaper). Covers Linear, Conv1d/2d, Embedding, LayerNorm, GroupNorm, the recurrent layers and the Hugging
+Face layers named in layers.NAMED_HANDLERS (Conv1D, ViT embeddings, OPT positions).
 
 It fails closed. An output is differentiated at the graph edge it had when recorded, so an in-place op on it
-(nn.ReLU(inplace=True), a residual `out += x`) changes nothing; a recorded input changed in place is refused. On its
-first batch the engine also checks that every parameter getting a gradient was seen by a hook, and compares a few
-samples' per-sample gradients with per-example backward passes (verify.py): the hooks' assumptions (sample-major
-inputs, parameters used inside their module's call only) are checked rather than trusted.
+(nn.ReLU(inplace=True), a residual `out += x`) changes nothing; a recorded input changed in place is refused. Before
+its first step the engine compares a few samples' per-sample gradients of the first batch (in eval mode) with
+per-example backward passes (verify.py), and its first step checks that every parameter getting a gradient was seen
+by a hook: the hooks' assumptions (sample-major inputs, parameters used inside their module's call only) are checked
+rather than trusted.
 """
 
 from __future__ import annotations
 
 import inspect
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -32,11 +33,14 @@ from dpbench.privatizers.per_sample.layers import SiteMap, handler_for, input_fo
 from dpbench.privatizers.per_sample.recurrent import refuse_unsupported_call
 from dpbench.privatizers.per_sample.sites import Site
 from dpbench.privatizers.per_sample.verify import (
+    Summary,
     checked_samples,
     describe,
+    evaluation,
     mismatched,
     parameters_reached,
     per_example_gradients,
+    summarize,
 )
 from dpbench.tasks import Batch, Task
 
@@ -150,11 +154,22 @@ class HookEngine:
             self._recording = False
 
     def _sites(self, task: Task, batch: Batch, dense: bool) -> tuple[dict[str, list[Site]], Tensor]:
+        checked = None if self.verified else self._verify(task, batch, dense)
+        sites, losses, _ = self._collect(task, batch, dense, checked)
+        self.verified = True
+        return sites, losses
+
+    def _collect(
+        self, task: Task, batch: Batch, dense: bool, checked: Counter | None
+    ) -> tuple[dict[str, list[Site]], Tensor, Counter]:
+        """One hooked forward and backward: the sites by parameter name, the losses and the hooked calls per module.
+
+        `checked`: the calls of the verified pass, which this first training step must repeat.
+        """
         losses = self._forward(task, batch)
         calls, self._calls = self._calls, []
-        first = not self.verified
-        self._check_calls(losses, calls, first)
-        output_grads = self._output_grads(losses, calls, retain_graph=first)
+        called = self._check_calls(losses, calls, checked)
+        output_grads = self._output_grads(losses, calls)
         calls_per_param: dict[nn.Parameter, int] = defaultdict(int)
         for call in calls:
             for p in call.module.parameters(recurse=False):
@@ -168,17 +183,16 @@ class HookEngine:
         for site_map in [*site_maps, *self._streamed_sites()]:
             for param, site in site_map.items():
                 sites[self.names[param]].append(site)
-        if first:
-            self._verify(losses, sites)
-            self.verified = True
-        return sites, losses.detach()
+        return sites, losses.detach(), called
 
     def _streamed_sites(self) -> list[SiteMap]:
         """Sites formed during the backward pass (GRAPE's projected layers)."""
         return []
 
-    def _check_calls(self, losses: Tensor, calls: list[Call], first: bool) -> None:
-        """Per step, O(calls): no recorded input changed in place. First step: every parameter reached was hooked."""
+    def _check_calls(self, losses: Tensor, calls: list[Call], checked: Counter | None) -> Counter:
+        """Every step, O(calls): no recorded input changed in place. First training step: every parameter that gets
+        a gradient was hooked, and the hooks saw the calls of the verified (eval-mode) pass. Returns the calls per
+        module."""
         for call in calls:
             if call.input_version is not None and call.input._version != call.input_version:
                 raise UnsupportedModelError(
@@ -186,8 +200,9 @@ class HookEngine:
                     "per-sample gradients would be formed from the modified values: make that operation out-of-place "
                     "(e.g. nn.ReLU(inplace=False)) or use privatizer.engine=functorch"
                 )
-        if not first:
-            return
+        called = Counter(call.module for call in calls)
+        if checked is None:
+            return called
         covered = {p for call in calls for p in call.module.parameters(recurse=False)}
         missed = [self.names[p] for p in parameters_reached(losses) if p in self.names and p not in covered]
         if missed:
@@ -196,8 +211,16 @@ class HookEngine:
                 "F.linear(x, layer.weight)), which no hook sees: call the module itself, or use "
                 "privatizer.engine=functorch (or auto)"
             )
+        changed = sorted({self.name(m) for m in called.keys() | checked.keys() if called[m] != checked[m]})
+        if changed:
+            raise UnsupportedModelError(
+                f"while training, the hooks see other calls of {', '.join(changed)} than in the verified eval-mode "
+                "pass (gradient checkpointing or layer drop hides or skips layers), so the check does not cover the "
+                "training step: turn that off, or use privatizer.engine=functorch (or auto)"
+            )
+        return called
 
-    def _output_grads(self, losses: Tensor, calls: list[Call], retain_graph: bool, anchors: Iterable = ()) -> list:
+    def _output_grads(self, losses: Tensor, calls: list[Call], anchors: Iterable = ()) -> list:
         """Gradients of the recorded outputs at their recorded edges, from one backward that computes no weight
         gradient (`anchors`: further tensors the backward must reach, their gradients dropped)."""
         targets: list[Tensor | GradientEdge] = []
@@ -218,9 +241,7 @@ class HookEngine:
         anchors = list(anchors)
         if not targets and not anchors:
             return [tree_unflatten([None] * len(call.outputs), call.spec) for call in calls]
-        grads = iter(torch.autograd.grad(
-            losses.sum(), [*targets, *anchors], allow_unused=True, retain_graph=retain_graph
-        ))
+        grads = iter(torch.autograd.grad(losses.sum(), [*targets, *anchors], allow_unused=True))
         per_call = []
         for call in calls:
             leaf_grads = []
@@ -254,26 +275,47 @@ class HookEngine:
         """A per-example gradient in the space this engine's sites live in (GRAPE: projected)."""
         return grad
 
-    def _verify(self, losses: Tensor, sites: dict[str, list[Site]]) -> None:
-        """Compare a few samples' gradients and norms with per-example backward passes through the batch's graph."""
-        batch = losses.shape[0]
-        samples = checked_samples(batch)
-        norms = {name: _norm_sq(group) for name, group in sites.items()}
+    def _verify(self, task: Task, batch: Batch, dense: bool) -> Counter:
+        """Refuse unless a few samples' gradients and norms from the sites of the real batch are those of per-example
+        backward passes, each sample alone. In eval mode (no dropout masks to differ), one extra hooked pass of the
+        batch's shapes (a T == B coincidence shows), no larger than a step; returns its hooked calls per module."""
+        with evaluation(self.model):
+            sites, losses, called = self._collect(task, batch, dense, None)
+            samples = checked_samples(losses.shape[0])
+            reference = self._reference(task, batch, samples)
+        norms = {name: _norm_sq(group).sqrt() for name, group in sites.items()}
         bad: dict[str, float] = {}
-        for i, expected in zip(samples, per_example_gradients(losses, self.params, samples), strict=True):
-            one_hot = torch.zeros(batch, dtype=losses.dtype, device=losses.device)
+        for i, expected in zip(samples, reference, strict=True):
+            one_hot = torch.zeros(losses.shape[0], device=losses.device)
             one_hot[i] = 1
-            got = {name: sum(site.weighted_sum(one_hot) for site in group) for name, group in sites.items()}
-            expected = {name: self.reference(self.params[name], g) for name, g in expected.items()}
-            for name, error in mismatched(got, {n: v[i].sqrt() for n, v in norms.items()}, expected).items():
+            got = summarize({
+                name: sum(site.weighted_sum(one_hot) for site in sites[name]) if name in sites
+                else torch.zeros(summary.shape, dtype=summary.dtype, device=losses.device)
+                for name, summary in expected.items()
+            })
+            for name, error in mismatched(got, {n: float(v[i]) for n, v in norms.items()}, expected).items():
                 bad[name] = max(error, bad.get(name, 0.0))
         if bad:
             raise UnsupportedModelError(
                 f"the hook engine's per-sample gradients of {describe(bad)} differ from per-example backward passes "
                 "on this batch: a parameter used outside its module's call (a tied output layer), an input that is "
                 "not sample-major (time-major, reshape(-1, d) of a (T, B, d) tensor, torch.cat of samples through "
-                f"one layer) or a module whose forward is not its type's: {NOT_HOOKABLE}"
+                f"one layer), a module whose forward is not its type's, or a model that mixes samples: {NOT_HOOKABLE}"
             )
+        return called
+
+    def _reference(self, task: Task, batch: Batch, samples: list[int]) -> list[dict[str, Summary]]:
+        """Each checked sample's gradients from its own forward and backward (summarized, in this engine's space)."""
+        try:
+            return [
+                summarize({name: self.reference(self.params[name], g) for name, g in grads.items()})
+                for grads in per_example_gradients(self.model, task, batch, self.params, samples)
+            ]
+        except RuntimeError as error:  # e.g. a model that cannot run a batch of one
+            raise UnsupportedModelError(
+                f"per-example backward passes through this model failed ({error}), so the hook engine's per-sample "
+                f"gradients cannot be checked: {NOT_HOOKABLE}"
+            ) from error
 
     def per_sample_gradients(self, task: Task, batch: Batch) -> dict[str, Tensor]:
         """Materialized (B, *shape) gradients: for tests and for strategies that transform them."""
