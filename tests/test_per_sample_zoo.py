@@ -24,6 +24,17 @@ from tests.per_sample_reference import (
 from tests.zoo_models import PATTERNS, SAMPLES, ZOO, Entry
 
 TASK = ClassificationTask()
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny models: one thread is faster, and is not stalled by a busy neighbour's core."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 ACTION = re.compile(r"\b(use|set|pass|replace|remove|call|freeze|give|make)\b")
 """A refusal says what to do."""
 
