@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 from torch import Tensor, nn
@@ -38,3 +39,15 @@ def refuse_sample_mixing_layers(model: nn.Module) -> None:
                 "its batch statistics, so per-sample gradients and the privacy guarantee do not hold: replace it "
                 "with GroupNorm or LayerNorm (e.g. nn.GroupNorm(min(32, C), C)) or remove it"
             )
+
+
+def graph_nodes(losses: Tensor) -> Iterator[object]:
+    """Every node of the autograd graph of `losses`, once each."""
+    seen, pending = set(), [losses.grad_fn]
+    while pending:
+        node = pending.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        yield node
+        pending.extend(child for child, _ in node.next_functions)

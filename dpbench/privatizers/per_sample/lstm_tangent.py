@@ -21,6 +21,7 @@ import torch
 from torch import Tensor, nn
 
 from dpbench.errors import UnsupportedModelError
+from dpbench.privatizers.per_sample.base import graph_nodes
 from dpbench.privatizers.per_sample.recurrent import check_recomputable, stacked_layer_weights
 
 TIME_CHUNK = 16
@@ -246,16 +247,7 @@ def record_call(module: nn.LSTM, args: tuple, output: tuple, earlier: Recorded |
 
 def _edges_into(losses: Tensor) -> set[tuple[object, int]]:
     """Every (node, output index) the autograd graph of `losses` takes a gradient into."""
-    edges, seen, pending = set(), set(), [losses.grad_fn]
-    while pending:
-        node = pending.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        for child, index in node.next_functions:
-            edges.add((child, index))
-            pending.append(child)
-    return edges
+    return {edge for node in graph_nodes(losses) for edge in node.next_functions}
 
 
 def mark_unread_outputs(recorded: dict[nn.Module, Recorded | None], losses: Tensor) -> None:

@@ -18,6 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
+from dpbench.privatizers.per_sample.base import graph_nodes
 from dpbench.tasks import Batch, Task
 
 DIRECTIONS = 2
@@ -72,18 +73,8 @@ def summarize(gradients: dict[str, Tensor]) -> dict[str, Summary]:
 
 
 def parameters_reached(losses: Tensor) -> set[Tensor]:
-    """Leaves the backward of `losses` accumulates gradients into: one walk over its autograd graph."""
-    reached, seen, stack = set(), set(), [losses.grad_fn]
-    while stack:
-        node = stack.pop()
-        if node is None or node in seen:
-            continue
-        seen.add(node)
-        variable = getattr(node, "variable", None)  # AccumulateGrad
-        if variable is not None:
-            reached.add(variable)
-        stack.extend(next_node for next_node, _ in node.next_functions)
-    return reached
+    """Leaves the backward of `losses` accumulates gradients into (AccumulateGrad nodes' variables)."""
+    return {node.variable for node in graph_nodes(losses) if getattr(node, "variable", None) is not None}
 
 
 def tolerance(dtype: torch.dtype) -> float:
