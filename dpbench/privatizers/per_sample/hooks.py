@@ -284,6 +284,7 @@ class HookEngine:
             samples = checked_samples(losses.shape[0])
             reference = self._reference(task, batch, samples)
         norms = {name: _norm_sq(group).sqrt() for name, group in sites.items()}
+        _drop_nonfinite(sites, sum(norms.values(), torch.zeros(losses.shape[0], device=losses.device)))
         bad: dict[str, float] = {}
         for i, expected in zip(samples, reference, strict=True):
             one_hot = torch.zeros(losses.shape[0], device=losses.device)
@@ -345,12 +346,17 @@ class HookEngine:
         zero = torch.zeros(losses.shape[0], device=losses.device)
         norms = sum((_norm_sq(group) for group in sites.values()), zero).sqrt()
         factors = factor_fn(norms, clip_norm)
-        bad = ~torch.isfinite(norms)
-        if bad.any():
-            for group in sites.values():
-                for site in group:
-                    site.zero_samples(bad)
+        _drop_nonfinite(sites, norms)
         return sites, factors, norms, losses
+
+
+def _drop_nonfinite(sites: dict[str, list[Site]], norms: Tensor) -> None:
+    """Zero the samples whose norm is NaN or inf (the step drops them), so that they poison no weighted sum."""
+    bad = ~torch.isfinite(norms)
+    if bad.any():
+        for group in sites.values():
+            for site in group:
+                site.zero_samples(bad)
 
 
 def _norm_sq(group: list[Site]) -> Tensor:
