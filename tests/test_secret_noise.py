@@ -84,8 +84,10 @@ def test_the_noise_stream_resumes_where_it_stopped_and_never_replays_on_another_
     assert not torch.equal(after, first) and not torch.equal(after, continued)
 
 
-def test_a_resume_with_another_explicit_privacy_seed_is_refused():
+def test_a_resume_with_another_explicit_privacy_seed_or_secure_rng_is_refused():
     state = PrivacyRandomness(5).state_dict()
     PrivacyRandomness().load_state_dict(state)  # a secret seed takes the checkpoint's
     with pytest.raises(ConfigurationError, match="privacy.seed differs"):
         PrivacyRandomness(6).load_state_dict(state)
+    with pytest.raises(ConfigurationError, match="secure_rng"):
+        PrivacyRandomness(5, secure=True).load_state_dict(state)

@@ -43,11 +43,6 @@ class PrivacyRandomness:
     def key(self, stream: str, *indices: int) -> tuple[int, ...]:
         return (self.root, STREAMS[stream], *(int(i) for i in indices))
 
-    def seed(self, stream: str, *indices: int) -> int:
-        """A 64-bit seed for the key (for generators of other libraries, e.g. numpy's)."""
-        words = np.random.SeedSequence(list(self.key(stream, *indices))).generate_state(2)
-        return int(words[0]) << 32 | int(words[1])
-
     def draws(self, stream: str, *indices: int, device: torch.device | str = "cpu") -> KeyedDraws:
         """Fresh draws from one key: the same key always gives the same draws (use each key once)."""
         return KeyedDraws(self, self.key(stream, *indices), torch.device(device))
@@ -69,7 +64,12 @@ class PrivacyRandomness:
                 "privacy.seed differs from the one the checkpoint was trained with: resume with the same "
                 "privacy.seed (or leave it null to continue the checkpoint's own stream)"
             )
-        self.root, self.secure, self.explicit = state["root"], state["secure"], state["explicit"]
+        if state["secure"] != self.secure:
+            raise ConfigurationError(
+                f"privacy.secure_rng={self.secure} differs from the checkpoint's ({state['secure']}): resume with the "
+                "setting the run was trained with"
+            )
+        self.root, self.explicit = state["root"], state["explicit"]
 
 
 def _key_bytes(key: tuple[int, ...]) -> bytes:
