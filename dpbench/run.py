@@ -6,6 +6,7 @@ import logging
 import os
 import time
 import warnings
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,9 +15,11 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
 from omegaconf import DictConfig
+from torch import nn
 
 from dpbench.config import Config, validated
 from dpbench.data import load_data
+from dpbench.data.bundle import DataBundle
 from dpbench.errors import ConfigurationError
 from dpbench.models import build_model
 from dpbench.privacy.accountant import PrivacyAccountant
@@ -86,11 +89,24 @@ def _resume_checkpoint(cfg: DictConfig, run_dir: Path) -> str | None:
     return str(last)
 
 
-def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Train, test and write results.json in run_dir; returns the results."""
+@dataclass
+class PreparedRun:
+    """Everything a run fixes before its first step: what `dpbench.plan` prints and `run_experiment` trains."""
+
+    config: Config
+    data: DataBundle
+    datamodule: DPDataModule
+    randomness: PrivacyRandomness
+    strategy: PrivatizerStrategy
+    model: nn.Module
+    plan: PrivacyPlan
+    steps: int
+    budget_steps: int
+
+
+def prepare_run(cfg: DictConfig) -> PreparedRun:
+    """Compose data, privatizer, model and the privacy plan exactly as a run does, without training."""
     typed: Config = validated(Config, cfg, "top-level")
-    run_dir = Path(run_dir)
-    run_dir.mkdir(parents=True, exist_ok=True)
     if typed.trainer.num_threads:
         torch.set_num_threads(typed.trainer.num_threads)
     if typed.batch_size <= 0 or typed.eval_batch_size <= 0:
@@ -109,6 +125,17 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     model = build_model(cfg.model, data)
     plan = make_plan(strategy, typed.privacy, sampling_rate, steps, model)
     budget_steps = _steps_within_budget(typed, plan, strategy, steps)
+    return PreparedRun(typed, data, datamodule, randomness, strategy, model, plan, steps, budget_steps)
+
+
+def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
+    """Train, test and write results.json in run_dir; returns the results."""
+    run_dir = Path(run_dir)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    prepared = prepare_run(cfg)
+    typed, data, datamodule, randomness = prepared.config, prepared.data, prepared.datamodule, prepared.randomness
+    strategy, model, plan = prepared.strategy, prepared.model, prepared.plan
+    steps, budget_steps, sampling_rate = prepared.steps, prepared.budget_steps, plan.sampling_rate
 
     ledger = PrivacyLedger(typed.privacy.delta, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error))
     module = DPModule(
