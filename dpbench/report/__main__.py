@@ -11,11 +11,13 @@ from dpbench.report.build import build_report
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("directories", nargs="+", type=Path, help="run directories, sweep directories, or both")
-    parser.add_argument("--out", type=Path, default=None, help="where to write (default: the first directory)")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write (default: the directory itself when one is given; for several, a new "
+                             "outputs/reports/<time>, so that no sweep's own report is overwritten)")
     args = parser.parse_args()
     report = build_report(args.directories, args.out)
     print(report["markdown"].read_text())
-    print(f"{len(report['rows'])} runs; wrote {report['markdown']}, {report['csv']}")
+    print(f"{len(report['rows'])} runs; wrote {report['markdown']}, {report['csv']} (in {report['out']})")
     for plot in report["plots"]:
         print(f"plot: {plot}")
 

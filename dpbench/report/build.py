@@ -6,16 +6,13 @@ import csv
 import json
 import math
 from collections import defaultdict
+from datetime import datetime
 from pathlib import Path
 from statistics import mean
 from typing import Any
 
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-
-from dpbench.report.collect import collect_results, swept_keys  # noqa: E402
+from dpbench.report.collect import collect_results, swept_keys
+from dpbench.report.plots import report_figures, save_figure
 
 COLUMNS = ("label", "model", "data", "batch_size", "target_epsilon", "epsilon", "test_metric", "test_value",
            "samples_per_s", "peak_memory_mb", "runs")
@@ -30,25 +27,32 @@ def _mean(values: list[float | None]) -> float | None:
     return math.inf if any(math.isinf(v) for v in present) else mean(present)
 
 
+def _group_key(row: dict[str, Any], axes: list[str]) -> tuple:
+    """A non-private run ignores every privacy.* key: its runs at several epsilons are one configuration."""
+    keys = [k for k in axes if row["private"] or not k.startswith("privacy.")]
+    return (tuple((k, repr(row["config"].get(k))) for k in keys), row["label"], row["model"], row["data"])
+
+
 def summarize(rows: list[dict[str, Any]], extra: list[str]) -> list[dict[str, Any]]:
     """Mean over runs (seeds) that share every swept key; `extra` are the swept keys shown as their own columns."""
     axes = swept_keys(rows)
     groups: dict[tuple, list[dict[str, Any]]] = defaultdict(list)
     for row in rows:
-        groups[tuple(repr(row["config"].get(k)) for k in axes) + (row["label"], row["model"], row["data"])].append(row)
+        groups[_group_key(row, axes)].append(row)
     table = []
     for members in groups.values():
         first = members[0]
-        entry = {k: first[k] for k in ("label", "model", "data", "target_epsilon", "batch_size", "test_metric")}
+        entry = {k: first[k] for k in ("label", "model", "data", "target_epsilon", "batch_size", "test_metric",
+                                       "private", "projections", "config")}
         entry.update({k: first["config"].get(k) for k in extra})
         entry["series"] = ", ".join([first["label"], *(f"{k}={first['config'].get(k)}" for k in extra)])
-        entry["projections"] = first["projections"]
+        entry["axes"] = {k: first["config"].get(k) for k in axes if first["private"] or not k.startswith("privacy.")}
         for column in ("epsilon", "test_value", "samples_per_s", "peak_memory_mb"):
             entry[column] = _mean([m[column] for m in members])
         entry["runs"] = len(members)
         table.append(entry)
     return sorted(table, key=lambda e: (e["model"] or "", e["data"] or "", e["label"], e["target_epsilon"] or 0,
-                                        e["batch_size"] or 0))
+                                        e["batch_size"] or 0, repr(sorted(e["axes"].items()))))
 
 
 def _cell(value: Any) -> str:
@@ -63,47 +67,6 @@ def markdown(table: list[dict[str, Any]], columns: list[str]) -> str:
     lines = ["| " + " | ".join(columns) + " |", "|" + "---|" * len(columns)]
     lines += ["| " + " | ".join(_cell(row.get(c)) for c in columns) + " |" for row in table]
     return "\n".join(lines) + "\n"
-
-
-def _plot_lines(table, x: str, y: str, xlabel: str, ylabel: str, path: Path, logy: bool = False) -> Path | None:
-    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for row in table:
-        if row[x] is not None and row[y] is not None and math.isfinite(row[x]) and math.isfinite(row[y]):
-            series[row["series"]].append((row[x], row[y]))
-    if not series:
-        return None
-    figure, axes = plt.subplots(figsize=(6, 4))
-    for label, points in sorted(series.items()):
-        points.sort()
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-    axes.set_xlabel(xlabel)
-    axes.set_ylabel(ylabel)
-    if logy:
-        axes.set_yscale("log")
-    axes.grid(alpha=0.3)
-    axes.legend(fontsize=8)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
-
-
-def _plot_throughput(table, path: Path) -> Path | None:
-    speeds: dict[str, list[float]] = defaultdict(list)
-    for row in table:
-        if row["samples_per_s"] is not None:
-            speeds[row["series"]].append(row["samples_per_s"])
-    if not speeds:
-        return None
-    labels = sorted(speeds)
-    figure, axes = plt.subplots(figsize=(6, 4))
-    axes.bar(labels, [mean(speeds[label]) for label in labels])
-    axes.set_ylabel("samples/s")
-    axes.tick_params(axis="x", rotation=30)
-    figure.tight_layout()
-    figure.savefig(path, dpi=120)
-    plt.close(figure)
-    return path
 
 
 def max_batch_markdown(directories: list[Path]) -> str:
@@ -121,29 +84,36 @@ def max_batch_markdown(directories: list[Path]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def tabulate(rows: list[dict[str, Any]]) -> tuple[list[dict[str, Any]], list[str]]:
+    """The report's table (one entry per configuration) and its columns: the fixed ones plus the swept keys."""
+    extra = [k for k in swept_keys(rows) if k not in SHOWN and not k.startswith("privatizer.")]
+    return summarize(rows, extra), [*COLUMNS[:5], *extra, *COLUMNS[5:]]
+
+
+def default_out(directories: list[Path]) -> Path:
+    """One directory: the report goes beside its runs. Several: a new directory of its own, so that no sweep's
+    own report (written there by the sweep callback) is overwritten by a combined one."""
+    if len(directories) == 1:
+        directory = Path(directories[0])
+        return directory.parent if directory.name == "results.json" else directory
+    return Path("outputs") / "reports" / datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+
+
 def build_report(directories: list[Path], out: Path | None = None) -> dict[str, Any]:
-    """Write report.md, report.csv and plots into `out` (default: the first directory); return what was written."""
+    """Write report.md, report.csv and plots into `out` (default: see default_out); return what was written."""
     rows = collect_results(directories)
     if not rows:
         raise FileNotFoundError(f"no results.json under {', '.join(map(str, directories))}")
-    out = Path(out or directories[0])
+    out = Path(out) if out is not None else default_out(directories)
     out.mkdir(parents=True, exist_ok=True)
-    extra = [k for k in swept_keys(rows) if k not in SHOWN and not k.startswith("privatizer.")]
-    table = summarize(rows, extra)
-    columns = [*COLUMNS[:5], *extra, *COLUMNS[5:]]
+    table, columns = tabulate(rows)
     (out / "report.md").write_text(markdown(table, columns) + max_batch_markdown(directories))
     with (out / "report.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(table)
-    metric = table[0]["test_metric"]
-    plots = [
-        _plot_lines(table, "epsilon", "test_value", "epsilon (spent)", f"test {metric}", out / "metric_vs_epsilon.png"),
-        _plot_lines(table, "batch_size", "peak_memory_mb", "batch size", "peak memory (MB)",
-                    out / "memory_vs_batch.png"),
-        _plot_throughput(table, out / "samples_per_s.png"),
-        _plot_lines([r for r in table if r["projections"] is not None], "projections", "epsilon",
-                    "JL dimension r", "epsilon", out / "epsilon_vs_jl_dimension.png", logy=True),
-    ]
-    return {"rows": rows, "table": table, "columns": columns, "markdown": out / "report.md", "csv": out / "report.csv",
-            "plots": [p for p in plots if p is not None]}
+    plots = []
+    for name, figure in report_figures(table).items():
+        plots.append(save_figure(figure, out / name))
+    return {"rows": rows, "table": table, "columns": columns, "out": out, "markdown": out / "report.md",
+            "csv": out / "report.csv", "plots": plots}

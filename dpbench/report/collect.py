@@ -42,6 +42,7 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
     return {
         "label": label_of(result),
         "privatizer": result.get("privatizer"),
+        "private": result.get("private", result.get("privatizer") != "nonprivate"),
         "model": result.get("model"),
         "data": result.get("data"),
         "epsilon": _number(result.get("epsilon")),
