@@ -1,21 +1,20 @@
-"""Models by name (`model=...`), each with a dataclass schema, built for the data set's shape."""
+"""Models by name (`model=...`) or `_target_`: builders `(config: Schema, data: DataBundle) -> nn.Module`, each
+declaring its dataclass schema, built for the data set's shape (see dpbench.registry)."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Mapping
 from typing import Any
 
 import torch
 from omegaconf import DictConfig
 from torch import nn
 
-from dpbench.config import validated
 from dpbench.data import DataBundle
 from dpbench.errors import ConfigurationError
 from dpbench.models.cnn import CNNConfig, LargeCNN, LargeCNNConfig, TFPrivacyCNN
-from dpbench.models.hf import TextTransformerConfig, ViTModelConfig, build_minilm, build_opt, build_roberta, build_vit
 from dpbench.models.lstm import LSTMClassifier, LSTMConfig
-from dpbench.models.word2vec import Word2VecConfig, build_word2vec
+from dpbench.registry import Registry, options
 
 
 def _image_shape(data: DataBundle, model_name: str) -> tuple[int, int]:
@@ -25,39 +24,32 @@ def _image_shape(data: DataBundle, model_name: str) -> tuple[int, int]:
     return channels, height
 
 
-def _cnn(config: CNNConfig, data: DataBundle) -> nn.Module:
+def build_cnn(config: CNNConfig, data: DataBundle) -> nn.Module:
     channels, size = _image_shape(data, "cnn")
     return TFPrivacyCNN(channels, data.num_classes, size, config.activation)
 
 
-def _cnn_large(config: LargeCNNConfig, data: DataBundle) -> nn.Module:
+def build_cnn_large(config: LargeCNNConfig, data: DataBundle) -> nn.Module:
     channels, size = _image_shape(data, "cnn_large")
     return LargeCNN(
         channels, data.num_classes, size, config.width, config.hidden, config.activation, config.normalization
     )
 
 
-def _lstm(config: LSTMConfig, data: DataBundle) -> nn.Module:
+def build_lstm(config: LSTMConfig, data: DataBundle) -> nn.Module:
     if data.vocab_size is None or not isinstance(data.train.features, torch.Tensor):
         raise ConfigurationError(f"model=lstm needs word-id data (e.g. data=rotten_tomatoes); data={data.name} is not")
     return LSTMClassifier(data.vocab_size, data.num_classes, config)
 
 
-MODELS: dict[str, tuple[type, Callable[[Any, DataBundle], nn.Module]]] = {
-    "cnn": (CNNConfig, _cnn),
-    "cnn_large": (LargeCNNConfig, _cnn_large),
-    "lstm": (LSTMConfig, _lstm),
-    "vit": (ViTModelConfig, build_vit),
-    "roberta": (TextTransformerConfig, build_roberta),
-    "opt": (TextTransformerConfig, build_opt),
-    "minilm": (TextTransformerConfig, build_minilm),
-    "word2vec": (Word2VecConfig, build_word2vec),
-}
+MODELS = Registry("model", "dpbench.models", schema_first=True)
+"""Model builders by name: dpbench's own and installed plugins' (entry point group `dpbench.models`)."""
 
 
-def build_model(config: DictConfig, data: DataBundle) -> nn.Module:
-    name = config.get("name")
-    if name not in MODELS:
-        raise ConfigurationError(f"unknown model {name!r}; choose one of {sorted(MODELS)}")
-    schema, builder = MODELS[name]
-    return builder(validated(schema, config, "model"), data)
+def build_model(config: DictConfig | Mapping[str, Any], data: DataBundle) -> nn.Module:
+    """The model a `model` config node names (by `name` or `_target_`), built for `data`."""
+    model = MODELS.build(config, data)
+    if not isinstance(model, nn.Module):
+        raise ConfigurationError(f"the model builder for {options(config).get('name')!r} returned "
+                                 f"{type(model).__name__}, not a torch.nn.Module")
+    return model

@@ -81,6 +81,7 @@ PROJECTIONS = ("auto", "implicit", "explicit")
 
 class D2P2(PrivatizerStrategy):
     name = "d2p2"
+    config: D2P2Config
     supports_data_parallel = False  # noises outside noised_sum: one rank's noise would not be shared
 
     engine: PerSampleEngine
@@ -224,6 +225,7 @@ class D2PSGD(D2P2):
     """Algorithm 2: automatic clipping and decaying noise, no projection."""
 
     name = "d2p_sgd"
+    config: D2PSGDConfig
 
     def check_variant(self) -> None:
         if self.config.dim is not None:
@@ -234,6 +236,7 @@ class DP2SGD(D2P2):
     """Algorithm 3: automatic clipping and projection, constant noise."""
 
     name = "dp2_sgd"
+    config: DP2SGDConfig
 
     def check_variant(self) -> None:
         if self.config.dim is None or self.config.noise_decay != "none":

@@ -55,6 +55,7 @@ class SVDProjections(Projector):
 
 class DPGaLore(Vanilla):
     name = "dp_galore"
+    config: DPGaLoreConfig
 
     def attach(self, model: nn.Module) -> None:
         super().attach(model)

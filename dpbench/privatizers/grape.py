@@ -47,6 +47,7 @@ def check_adam(optimizer_config: Any, privatizer: str) -> None:
 
 class Grape(PrivatizerStrategy):
     name = "grape"
+    config: GrapeConfig
 
     def attach(self, model: nn.Module) -> None:
         self.projections = RandomProjections(model, self.config.rank, self.config.update_every, self.privacy.randomness)

@@ -20,6 +20,7 @@ class NonPrivateConfig:
 
 class NonPrivate(PrivatizerStrategy):
     name = "nonprivate"
+    config: NonPrivateConfig
     is_private = False
 
     def attach(self, model: nn.Module) -> None:

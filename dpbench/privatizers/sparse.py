@@ -116,6 +116,7 @@ class SelectedCoordinateOptimizer(Optimizer):
 
 class Sparse(PrivatizerStrategy):
     name = "sparse"
+    config: SparseConfig
     supports_data_parallel = False  # noises outside noised_sum: one rank's noise would not be shared
 
     engine: HookEngine

@@ -23,6 +23,7 @@ class VanillaConfig:
 
 class Vanilla(PrivatizerStrategy):
     name = "vanilla"
+    config: VanillaConfig
 
     engine: PerSampleEngine
 
