@@ -1,35 +1,86 @@
-"""Max-batch search: the doubling/bisection logic, and real trial processes under a resident-memory cap."""
+"""Max-batch search: the doubling/bisection logic, real trial processes under a resident-memory cap, the separate
+memory measures a trial records, and a cap below the interpreter's own footprint."""
 
 import json
+import os
+import re
+import subprocess
+import sys
 
 import pytest
 
+from dpbench.errors import ConfigurationError
 from dpbench.profiling import max_batch
 from dpbench.profiling.max_batch import Trial, find_max_batch, run_trial
 from dpbench.report.build import build_report
+from tests.cli import ROOT
 
 TINY = ["data=digits", "model=cnn_large", "model.width=8", "model.hidden=8"]
 
 
-@pytest.mark.parametrize("capacity", [8, 100, 1000, 4097])
-def test_search_finds_the_largest_fitting_batch(monkeypatch, capacity):
-    def fake_trial(overrides, batch_size, cap_mb, steps=2):
-        return Trial(batch_size, batch_size <= capacity, float(batch_size))
+@pytest.fixture
+def fake_trials(monkeypatch):
+    """run_trial replaced by a capacity rule: batches up to `capacity` fit; the setup needs `footprint` MB."""
+    def install(capacity, footprint=300.0, cap_mb=1000.0):
+        def fake_trial(overrides, batch_size, cap, steps=2, device=None):
+            if footprint > cap:
+                return Trial(batch_size, False, cap + 1, None, stage="setup", reason="resident memory passed the cap")
+            fits = batch_size <= capacity
+            return Trial(batch_size, fits, footprint + batch_size, footprint, float(batch_size) if fits else None,
+                         "VmHWM above VmRSS at start" if fits else "", "" if fits else "steps",
+                         "" if fits else "resident memory passed the cap")
 
-    monkeypatch.setattr(max_batch, "run_trial", fake_trial)
-    result = find_max_batch(["privatizer=vanilla"], cap_mb=1.0, start=8, resolution=0.0)
-    assert result.max_batch_size == capacity
+        monkeypatch.setattr(max_batch, "run_trial", fake_trial)
+        monkeypatch.setattr(max_batch, "trial_device", lambda overrides: "cpu")
+        return cap_mb
+
+    return install
+
+
+@pytest.mark.parametrize("capacity", [8, 100, 1000, 4097])
+def test_search_finds_the_largest_fitting_batch(fake_trials, capacity):
+    cap = fake_trials(capacity)
+    result = find_max_batch(["privatizer=vanilla"], cap_mb=cap, start=8, resolution=0.0)
+    assert result.max_batch_size == capacity and result.note == ""
     sizes = [t.batch_size for t in result.trials]
     doubling = [s for s in sizes if s & (s - 1) == 0]
     assert doubling == [8 * 2**k for k in range(len(doubling))]  # doubling first, then bisection
     assert len(sizes) <= 2 * capacity.bit_length() + 2
 
 
-def test_a_trial_fits_under_a_generous_cap_and_is_killed_under_a_tiny_one():
-    fits = run_trial([*TINY, "privatizer=vanilla"], 16, cap_mb=8000)
-    assert fits.fits and fits.peak_memory_mb > 0
-    killed = run_trial([*TINY, "privatizer=vanilla"], 16, cap_mb=50)  # below a Python + torch process
-    assert not killed.fits and "cap" in killed.reason
+@pytest.mark.parametrize("capacity", [0, 1, 5])
+def test_search_goes_below_the_start_when_the_start_fails_in_its_steps(fake_trials, capacity):
+    cap = fake_trials(capacity)
+    result = find_max_batch(["privatizer=vanilla"], cap_mb=cap, start=8, resolution=0.0)
+    assert result.max_batch_size == capacity
+    assert ("not even a batch of 1 fits" in result.note) == (capacity == 0)
+
+
+def test_a_cap_below_the_setup_footprint_is_refused_with_the_footprint(fake_trials):
+    cap = fake_trials(100, footprint=420.0, cap_mb=50.0)
+    with pytest.raises(ConfigurationError, match=r"--cap-mb 50 is below .* about 428 MB .* above 428"):
+        find_max_batch(["privatizer=vanilla"], cap_mb=cap, start=8)  # the probe: 420 setup + 8 for its batch
+
+
+def test_a_trial_records_the_process_footprint_apart_from_the_steps_peak():
+    trial = run_trial([*TINY, "privatizer=vanilla"], 16, cap_mb=8000)
+    assert trial.fits and trial.stage == ""
+    assert trial.steps_peak_method.endswith("above VmRSS at start")
+    # the whole process (Python, torch, data, model) against the two steps' own peak above their start
+    assert trial.setup_rss_mb > 100 and trial.process_peak_rss_mb >= 0.9 * trial.setup_rss_mb
+    assert 0 <= trial.steps_peak_mb < trial.setup_rss_mb / 4
+
+
+def test_a_cap_below_the_interpreter_is_an_error_naming_the_footprint(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "dpbench.profile", "max_batch", "--cap-mb", "50", "--privatizers", "vanilla",
+         "--out", str(tmp_path), *TINY], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
+    line = run.stderr.strip().splitlines()[-1]
+    needed = float(re.search(r"about (\d+) MB", line).group(1))
+    assert line.startswith("dpbench.profile: error: --cap-mb 50 is below") and needed > 100
+    assert not (tmp_path / "max_batch.json").exists()  # no "max batch 0" on record
 
 
 def test_report_includes_max_batch_results(tmp_path):
@@ -40,9 +91,15 @@ def test_report_includes_max_batch_results(tmp_path):
         "test_metric": "accuracy", "test_accuracy": 0.9, "samples_per_s": 100.0, "peak_memory_mb": 10.0,
         "config": {"privatizer": {"name": "vanilla"}},
     }))
-    (tmp_path / "max_batch.json").write_text(json.dumps([
-        {"privatizer": "vanilla", "cap_mb": 500.0, "device": "cpu", "max_batch_size": 1234, "overrides": []},
+    trials = [Trial(8, True, 410.0, 380.0, 2.0), Trial(16, False, 501.0, 395.0, stage="steps", reason="cap")]
+    result = max_batch.MaxBatchResult(["model=cnn"], 500.0, "cpu", 1234, max_batch.cap_applies_to("cpu"), "",
+                                      trials)
+    (tmp_path / "new").mkdir()
+    (tmp_path / "new" / "max_batch.json").write_text(json.dumps(
+        {"memory_fields_mb": max_batch.MEMORY_FIELDS, "results": [{"privatizer": "vanilla", **result.to_dict()}]}))
+    (tmp_path / "max_batch.json").write_text(json.dumps([  # written before the fields were split
+        {"privatizer": "jl", "cap_mb": 700.0, "device": "cpu", "max_batch_size": 99, "overrides": []},
     ]))
-    report = build_report([tmp_path])
-    text = report["markdown"].read_text()
-    assert "1234" in text and "500" in text
+    text = build_report([tmp_path])["markdown"].read_text()
+    assert "| vanilla | model=cnn | cpu | 500 | 1234 | 395 |  |" in text
+    assert "| jl |  | cpu | 700 | 99 | - |  |" in text

@@ -69,18 +69,25 @@ def markdown(table: list[dict[str, Any]], columns: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def _footprint(row: dict[str, Any]) -> str:
+    """Largest resident size a trial of this search had before its first step (older files do not record it)."""
+    sizes = [t["setup_rss_mb"] for t in row.get("trials", []) if t.get("setup_rss_mb") is not None]
+    return f"{max(sizes):.0f}" if sizes else "-"
+
+
 def max_batch_markdown(directories: list[Path]) -> str:
     """Table of `python -m dpbench.profile max_batch` results found under the directories."""
     rows = []
     for directory in directories:
         for path in sorted(Path(directory).rglob("max_batch.json")):
-            rows += json.loads(path.read_text())
+            saved = json.loads(path.read_text())
+            rows += saved["results"] if isinstance(saved, dict) else saved  # a list: written before the fields key
     if not rows:
         return ""
-    lines = ["", "Largest batch under a memory cap", "", "| privatizer | overrides | device | cap MB | max batch |",
-             "|---|---|---|---|---|"]
+    lines = ["", "Largest batch under a memory cap (footprint: resident MB before the first step)", "",
+             "| privatizer | overrides | device | cap MB | max batch | footprint MB | note |", "|---" * 7 + "|"]
     lines += [f"| {r['privatizer']} | {' '.join(r.get('overrides', []))} | {r['device']} | {r['cap_mb']:g} | "
-              f"{r['max_batch_size']} |" for r in rows]
+              f"{r['max_batch_size']} | {_footprint(r)} | {r.get('note') or ''} |" for r in rows]
     return "\n".join(lines) + "\n"
 
 
