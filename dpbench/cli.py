@@ -84,7 +84,7 @@ def _objective(cfg: DictConfig) -> float | None:
 
 
 register_schemas()
-register_config_groups()
+register_config_groups(config_dir())
 
 
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
