@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, is_dataclass
 from functools import cached_property
 from importlib.metadata import EntryPoint, entry_points
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -197,17 +198,20 @@ def registries() -> tuple[Registry, Registry, Registry]:
     return STRATEGIES, MODELS, DATASETS
 
 
-def register_config_groups() -> None:
+def register_config_groups(config_dir: str) -> None:
     """Make every entry point a Hydra config group option (`privatizer=my_method`) holding its schema's defaults.
 
-    A yaml file of the same name in the config search path comes first (dpbench's presets, a user's overrides). An
-    entry point that fails to import is skipped here and reported when a config asks for it.
+    Names with a yaml file in `config_dir` (dpbench's presets, e.g. conf/privatizer/vanilla.yaml) are left to the
+    file: Hydra would otherwise validate the file against the stored node. An entry point that fails to import is
+    skipped here and reported when a config asks for it.
     """
     from hydra.core.config_store import ConfigStore
 
     store = ConfigStore.instance()
     for registry in registries():
         for name in registry._entry_points:
+            if (Path(config_dir) / registry.group / f"{name}.yaml").exists():
+                continue
             try:
                 node = registry.defaults(name)
             except ConfigurationError:
