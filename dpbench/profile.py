@@ -11,6 +11,8 @@ import json
 import sys
 from pathlib import Path
 
+from hydra.errors import HydraException
+
 from dpbench.errors import ConfigurationError
 from dpbench.profiling.max_batch import MEMORY_FIELDS, find_max_batch
 
@@ -35,7 +37,7 @@ def main() -> None:
             result = find_max_batch([*args.overrides, f"privatizer={privatizer}"], args.cap_mb, args.start,
                                     args.limit)
             rows.append({"privatizer": privatizer, **result.to_dict()})
-    except ConfigurationError as error:
+    except (ConfigurationError, HydraException) as error:  # a cap that cannot work, or an override Hydra refuses
         print(f"dpbench.profile: error: {error}", file=sys.stderr)
         sys.exit(2)
     args.out.mkdir(parents=True, exist_ok=True)

@@ -28,7 +28,7 @@ MEMORY_FIELDS = {
                            f"every {RSS_POLL_S * 1000:g} ms (a lower bound on the true peak): Python, torch, data, "
                            "model and the steps; what a CPU cap is compared with",
     "setup_rss_mb": "VmRSS of the trial process once data, model and batch are built, before the first step "
-                    "(null when it was stopped earlier): the footprint any cap must exceed",
+                    "(null when it was stopped earlier): the footprint a CPU cap must exceed",
     "steps_peak_mb": "the training steps' own peak, measured inside the trial by steps_peak_method (CPU: VmHWM above "
                      "the VmRSS at the first step; CUDA: the allocator's max_memory_reserved, what a CUDA cap "
                      "limits); null when the steps did not finish",
