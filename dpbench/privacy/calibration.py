@@ -14,6 +14,8 @@ from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.mechanisms import Composition
 
 SIGMA_MIN = 0.2
+"""Smallest noise multiplier calibration returns: below it the PRV accounting of many steps falls back to RDP. A
+target above what SIGMA_MIN spends is met at SIGMA_MIN, and the plan reports the floor (PrivacyPlan.floor_hit)."""
 SIGMA_MAX = 1000.0
 COARSE_EPS_ERROR = 0.05
 
@@ -101,7 +103,7 @@ def calibrate_noise_multiplier(
     if not rdp_feasible(SIGMA_MAX) and fine_epsilon(SIGMA_MAX) > target_epsilon:
         raise UnreachableEpsilonError(
             f"epsilon={target_epsilon} at delta={delta} is unreachable for this run even with noise multiplier "
-            f"{SIGMA_MAX:g}: raise epsilon, lower the batch size or the number of steps"
+            f"{SIGMA_MAX:g}"
         )
     high = _bisect_log(rdp_feasible, SIGMA_MIN, SIGMA_MAX, 1.001) if rdp_feasible(SIGMA_MAX) else SIGMA_MAX
     rough = _refine(coarse_epsilon, high, target_epsilon, 2 * rel_tol, 0.8, max_evaluations)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import math
 from dataclasses import asdict, dataclass
 
@@ -10,10 +11,13 @@ from torch import nn
 from dpbench.config import PrivacyConfig
 from dpbench.errors import ConfigurationError
 from dpbench.privacy.accountant import PrivacyAccountant
-from dpbench.privacy.calibration import UnreachableEpsilonError, calibrate_noise_multiplier
+from dpbench.privacy.calibration import SIGMA_MAX, SIGMA_MIN, UnreachableEpsilonError, calibrate_noise_multiplier
 from dpbench.privatizers.base import PrivatizerStrategy
 
+log = logging.getLogger(__name__)
 SAMPLINGS = ("poisson", "shuffle")
+FLOOR_SHORTFALL = 0.99
+"""A calibrated run at the noise floor that plans less than this share of its target reports the floor."""
 
 
 @dataclass
@@ -27,6 +31,8 @@ class PrivacyPlan:
     noise_multiplier: float | None
     planned_epsilon: float | None
     calibrated: bool
+    floor_hit: bool = False
+    """Calibration stopped at its smallest noise multiplier (SIGMA_MIN): planned_epsilon is below the target."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -49,6 +55,8 @@ def validate_privacy_config(config: PrivacyConfig) -> None:
         )
     if config.noise_multiplier is None and config.epsilon is None:
         raise ConfigurationError("set privacy.epsilon (to calibrate the noise) or privacy.noise_multiplier")
+    if config.max_epsilon is not None and not (config.max_epsilon > 0):
+        raise ConfigurationError(f"privacy.max_epsilon must be positive or null (no limit), got {config.max_epsilon}")
 
 
 def make_plan(
@@ -67,6 +75,11 @@ def make_plan(
         raise ConfigurationError(f"the run has {steps} steps: raise epochs or max_steps")
     if not strategy.is_private:
         return PrivacyPlan(False, config.sampling, sampling_rate, steps, config.delta, None, None, None, False)
+    if config.epsilon is not None and config.max_epsilon is not None and config.epsilon > config.max_epsilon:
+        raise ConfigurationError(
+            f"privacy.epsilon={config.epsilon:g} is above privacy.max_epsilon={config.max_epsilon:g}, past anything "
+            f"one would call private: lower it, or raise privacy.max_epsilon (null: no limit) to run it anyway"
+        )
     accountant = PrivacyAccountant(eps_error=config.accountant_eps_error)
     if model is not None:
         strategy.prepare(model, steps, config.delta, config.epsilon, accountant)
@@ -76,11 +89,53 @@ def make_plan(
             sigma = calibrate_noise_multiplier(
                 lambda s: strategy.composition(s, steps), config.epsilon, config.delta, accountant
             )
-        except UnreachableEpsilonError as error:
-            raise ConfigurationError(str(error)) from None
+        except UnreachableEpsilonError:
+            advice = strategy.epsilon_advice(SIGMA_MAX, config.epsilon, steps, config.delta, accountant)
+            raise ConfigurationError(
+                f"privacy.epsilon={config.epsilon:g} at delta={config.delta:g} is unreachable for this run even with "
+                f"noise multiplier {SIGMA_MAX:g}: "
+                f"{advice or 'raise epsilon, lower the batch size or the number of steps'}"
+            ) from None
     else:
         sigma = config.noise_multiplier
     planned = accountant.epsilon(strategy.composition(sigma, steps), config.delta).epsilon
+    if not calibrated:
+        refuse_unplanned_epsilon(strategy, config, planned, steps, accountant)
+    floor_hit = calibrated and sigma <= SIGMA_MIN and planned < config.epsilon * FLOOR_SHORTFALL
+    if floor_hit:
+        log.warning(
+            "calibration reached its smallest noise multiplier %g: the run plans epsilon %.4g, below the target %g "
+            "(results.json: calibration_floor_hit)", SIGMA_MIN, planned, config.epsilon,
+        )
     strategy.privacy.noise_multiplier = sigma
     return PrivacyPlan(True, config.sampling, sampling_rate, steps, config.delta, config.clip_norm, sigma,
-                       planned, calibrated)
+                       planned, calibrated, floor_hit)
+
+
+def refuse_unplanned_epsilon(
+    strategy: PrivatizerStrategy, config: PrivacyConfig, planned: float, steps: int, accountant: PrivacyAccountant
+) -> None:
+    """A fixed noise multiplier whose whole-run epsilon is infinite or above privacy.max_epsilon must not train
+    silently: refused unless opted in (stop_on_budget trains only the steps privacy.epsilon covers)."""
+    if config.stop_on_budget and config.epsilon is not None:
+        return
+    sigma = config.noise_multiplier
+    if not math.isfinite(planned):
+        if config.allow_infinite_epsilon:
+            log.warning("privacy.allow_infinite_epsilon: the run's planned epsilon is infinite (no guarantee)")
+            return
+        limit = math.inf if config.max_epsilon is None else config.max_epsilon
+        advice = strategy.epsilon_advice(sigma, limit, steps, config.delta, accountant)
+        raise ConfigurationError(
+            f"the planned epsilon is infinite at privacy.noise_multiplier={sigma:g} over {steps} steps (delta "
+            f"{config.delta:g}): {advice or 'raise the noise multiplier or set privacy.epsilon to calibrate it'}; "
+            f"privacy.allow_infinite_epsilon=true runs it anyway"
+        )
+    if config.max_epsilon is not None and planned > config.max_epsilon:
+        advice = strategy.epsilon_advice(sigma, config.max_epsilon, steps, config.delta, accountant)
+        raise ConfigurationError(
+            f"the planned epsilon {planned:.4g} at privacy.noise_multiplier={sigma:g} over {steps} steps is above "
+            f"privacy.max_epsilon={config.max_epsilon:g}: "
+            f"{advice or 'raise the noise multiplier or set privacy.epsilon to calibrate it'}; "
+            f"privacy.max_epsilon=null runs it anyway"
+        )

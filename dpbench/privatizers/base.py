@@ -107,6 +107,13 @@ class PrivatizerStrategy(ABC):
     def prepare(self, model: nn.Module, steps: int, delta: float, epsilon: float | None, accountant: Any) -> None:
         """Fix what the run's privacy depends on besides sigma (e.g. sparse's selection budget), before calibration."""
 
+    def epsilon_advice(
+        self, noise_multiplier: float, target: float, steps: int, delta: float, accountant: Any
+    ) -> str | None:
+        """How to change the strategy's own config so that the run's epsilon at `noise_multiplier` falls within
+        `target` (an infinite target: becomes finite), for refusals to name the real lever (None: no such setting)."""
+        return None
+
     def privacy_report(self, steps: int, delta: float) -> dict[str, Any]:
         """Strategy-specific privacy figures for results.json (e.g. a paper's closed-form bound beside the PRV's)."""
         return {}
