@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import multiprocessing
+import signal
 import sys
 import traceback
 from pathlib import Path
@@ -13,7 +14,7 @@ from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
 from dpbench.config import register_schemas
-from dpbench.errors import ConfigurationError
+from dpbench.errors import ConfigurationError, RunInterrupted
 from dpbench.registry import register_config_groups
 
 
@@ -34,6 +35,9 @@ def _child(container: dict, run_dir: str, errors: multiprocessing.Queue) -> None
     except ConfigurationError as error:
         errors.put(("config", str(error)))
         sys.exit(2)
+    except RunInterrupted as interrupted:
+        errors.put(("interrupted", (interrupted.signum, interrupted.step, str(interrupted.checkpoint))))
+        sys.exit(interrupted.exit_code)
     except BaseException:
         errors.put(("crash", traceback.format_exc()))
         sys.exit(1)
@@ -47,11 +51,17 @@ def _run_in_fresh_process(cfg: DictConfig, run_dir: Path) -> float | None:
     errors = context.Queue()
     process = context.Process(target=_child, args=(OmegaConf.to_container(cfg, resolve=True), str(run_dir), errors))
     process.start()
-    process.join()
+    forward = signal.signal(signal.SIGTERM, lambda signum, frame: process.terminate())  # the job checkpoints, stops
+    try:
+        process.join()
+    finally:
+        signal.signal(signal.SIGTERM, forward)
     if process.exitcode != 0:
         kind, message = errors.get(timeout=5) if not errors.empty() else ("crash", f"exit code {process.exitcode}")
         if kind == "config":
             raise ConfigurationError(message)
+        if kind == "interrupted":
+            raise RunInterrupted(*message)
         raise RuntimeError(f"the run in {run_dir} failed:\n{message}")
     return objective_value(read_results(run_dir))
 
@@ -94,3 +104,9 @@ def main(cfg: DictConfig) -> float | None:
     except ConfigurationError as error:
         print(f"dpbench: error: {error}", file=sys.stderr)
         sys.exit(2)
+    except RunInterrupted as interrupted:
+        print(f"dpbench: {interrupted}", file=sys.stderr)
+        sys.exit(interrupted.exit_code)
+    except KeyboardInterrupt:
+        print("dpbench: interrupted outside training: no new checkpoint was written", file=sys.stderr)
+        sys.exit(128 + signal.SIGINT)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -31,6 +32,11 @@ class PrivacyConfig:
     must then stay secret: whoever knows it can regenerate the noise and the batches."""
     secure_rng: bool = False
     """Every secret draw from a CSPRNG stream (SHAKE-256 keyed by the root) rather than a seeded PRNG."""
+    max_epsilon: float | None = 100.0
+    """A target or planned epsilon above this is refused before training (null: no limit). 100 is over three times
+    the largest epsilon any reproduced paper trains at (30) and a likelihood ratio of e^100: no guarantee left."""
+    allow_infinite_epsilon: bool = False
+    """Run even when the planned epsilon is infinite (e.g. JL with r = 1, to time it): results say so."""
 
 
 @dataclass
@@ -46,6 +52,10 @@ class TrainerConfig:
     check_val_every_n_epoch: int | None = 1
     num_threads: int | None = None
     checkpoint: bool = True
+    """Write checkpoints/last.ckpt during training (cadence below), on SIGINT/SIGTERM and at the end."""
+    checkpoint_every_n_steps: int | None = 100
+    checkpoint_every_minutes: float | None = 10.0
+    """Whichever comes first; null turns that trigger off."""
 
 
 @dataclass
@@ -88,7 +98,38 @@ class Config:
     eval_batch_size: int = 1000
     epochs: int = 30
     max_steps: int | None = None
-    resume: bool = False
+    resume: Any = False
+    """false | true (continue hydra.run.dir's checkpoint; an error if there is none) | auto (continue if possible)."""
+    extend_run: bool = False
+    """On resume, allow a longer schedule at the checkpoint's noise multiplier (the epsilon spent then grows)."""
+
+
+def _positive(value: float | None, key: str, meaning: str, optional: bool = False) -> None:
+    if value is None and optional:
+        return
+    if value is None or isinstance(value, bool) or not (math.isfinite(value) and value > 0):
+        raise ConfigurationError(f"{key} must be {meaning}, got {value}")
+
+
+def check_run_settings(config: Config) -> None:
+    """The top-level numbers a run cannot be honest with: refused before any data is loaded."""
+    _positive(config.batch_size, "batch_size", "a positive expected batch size")
+    _positive(config.eval_batch_size, "eval_batch_size", "a positive number of samples per evaluation batch")
+    _positive(config.physical_batch_size, "physical_batch_size",
+              "a positive micro-batch size, or null for no micro-batching", optional=True)
+    _positive(config.max_steps, "max_steps", "a positive number of steps, or null to train `epochs`", optional=True)
+    if config.max_steps is None:
+        _positive(config.epochs, "epochs", "a positive number of epochs (or set max_steps)")
+    _positive(config.optimizer.lr, "optimizer.lr", "a positive finite learning rate")
+    for key in ("momentum", "weight_decay", "eps"):
+        value = getattr(config.optimizer, key)
+        if not (math.isfinite(value) and value >= 0):
+            raise ConfigurationError(f"optimizer.{key} must be a finite number >= 0, got {value}")
+    _positive(config.trainer.log_every_n_steps, "trainer.log_every_n_steps", "a positive number of steps")
+    _positive(config.trainer.checkpoint_every_n_steps, "trainer.checkpoint_every_n_steps",
+              "a positive number of steps, or null", optional=True)
+    _positive(config.trainer.checkpoint_every_minutes, "trainer.checkpoint_every_minutes",
+              "a positive number of minutes, or null", optional=True)
 
 
 def register_schemas() -> None:

@@ -1,5 +1,8 @@
 """Errors that stop a run before it can do anything wrong, with a message a user can act on."""
 
+import signal
+from pathlib import Path
+
 
 class ConfigurationError(ValueError):
     """A configuration that dpbench refuses: unknown keys, impossible budgets, unsupported models or data."""
@@ -11,3 +14,19 @@ class UnsupportedModelError(ConfigurationError):
 
 class MissingDataError(ConfigurationError):
     """Offline data is not installed, or a data set is empty or unknown."""
+
+
+class RunInterrupted(Exception):
+    """Training stopped on a signal after writing a checkpoint; `resume=true` continues it."""
+
+    def __init__(self, signum: int, step: int, checkpoint: Path):
+        self.signum = signum
+        self.step = step
+        self.checkpoint = checkpoint
+        name = signal.Signals(signum).name
+        super().__init__(f"stopped by {name} after step {step}; checkpoint {checkpoint} (continue with resume=true "
+                         "and the same hydra.run.dir)")
+
+    @property
+    def exit_code(self) -> int:
+        return 128 + self.signum

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
+import secrets
 import time
 import warnings
 from dataclasses import dataclass
@@ -12,12 +13,12 @@ from typing import Any
 
 import lightning as L
 import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
-from lightning.pytorch.loggers import CSVLogger, Logger, WandbLogger
+from lightning.fabric.utilities.exceptions import MisconfigurationException
+from lightning.pytorch.loggers import Logger, WandbLogger
 from omegaconf import DictConfig
 from torch import nn
 
-from dpbench.config import Config, validated
+from dpbench.config import Config, check_run_settings, validated
 from dpbench.data import load_data
 from dpbench.data.bundle import DataBundle
 from dpbench.errors import ConfigurationError
@@ -33,11 +34,15 @@ from dpbench.redaction import public_config
 from dpbench.results import RESULTS_FILE, summary_text, write_json_atomic
 from dpbench.training.callbacks import EpsilonLogger
 from dpbench.training.checkpoint_io import AtomicCheckpointIO
+from dpbench.training.checkpointing import PeriodicCheckpoint
+from dpbench.training.csv_history import HistoryCSVLogger
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
+from dpbench.training.resume import SavedRun, check_resume, checkpoint_to_resume, read_saved_run
 
 log = logging.getLogger(__name__)
 CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_FILE = "last.ckpt"
 LEDGER_FILE = "privacy_ledger.json"
 
 
@@ -58,12 +63,25 @@ def _steps_within_budget(typed: Config, plan: PrivacyPlan, strategy: PrivatizerS
     return budget
 
 
-def _loggers(cfg: DictConfig, run_dir: Path, tags: list[str]) -> list[Logger]:
+def _run_name(cfg: DictConfig, tags: list[str]) -> str:
+    """Unique within an epsilon or batch-size sweep, so W&B runs of one sweep do not collide."""
+    privacy = cfg.privacy
+    if tags[0] == "nonprivate":
+        budget = "nonprivate"
+    elif privacy.noise_multiplier is not None:
+        budget = f"sigma{privacy.noise_multiplier:g}"
+    else:
+        budget = f"eps{privacy.epsilon:g}"
+    return f"{tags[0]}-{tags[1]}-{tags[2]}-{budget}-b{cfg.batch_size}-s{cfg.seed}"
+
+
+def _loggers(
+    cfg: DictConfig, run_dir: Path, tags: list[str], saved: SavedRun | None, wandb_id: str | None,
+) -> list[Logger]:
     loggers: list[Logger] = []
     if cfg.logger.csv:
-        loggers.append(CSVLogger(save_dir=str(run_dir), name="csv", version=""))
-    mode = os.environ.get("WANDB_MODE", "offline")
-    if cfg.logger.wandb and mode != "disabled":
+        loggers.append(HistoryCSVLogger(str(run_dir), saved.log_step if saved else None))
+    if wandb_id is not None:
         loggers.append(
             WandbLogger(
                 project=cfg.logger.project,
@@ -71,22 +89,23 @@ def _loggers(cfg: DictConfig, run_dir: Path, tags: list[str]) -> list[Logger]:
                 group=cfg.logger.group or cfg.experiment_name,
                 tags=tags + list(cfg.logger.tags),
                 save_dir=str(run_dir),
-                mode=mode,
-                name=f"{tags[0]}-{tags[1]}-{tags[2]}-s{cfg.seed}",
+                mode=os.environ.get("WANDB_MODE", "offline"),
+                name=_run_name(cfg, tags),
                 config=public_config(cfg),
+                id=wandb_id,
+                resume="allow",
             )
         )
     return loggers
 
 
-def _resume_checkpoint(cfg: DictConfig, run_dir: Path) -> str | None:
-    last = run_dir / CHECKPOINT_DIR / "last.ckpt"
-    if not cfg.resume:
+def _wandb_id(cfg: DictConfig, saved: SavedRun | None) -> str | None:
+    """The W&B run to log into: the interrupted run's on resume, so its history continues in one run."""
+    if not cfg.logger.wandb or os.environ.get("WANDB_MODE", "offline") == "disabled":
         return None
-    if not last.exists():
-        log.warning("resume=true but %s does not exist: starting from scratch", last)
-        return None
-    return str(last)
+    if saved is not None and saved.wandb_id:
+        return saved.wandb_id
+    return secrets.token_hex(4)
 
 
 @dataclass
@@ -109,8 +128,7 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     typed: Config = validated(Config, cfg, "top-level")
     if typed.trainer.num_threads:
         torch.set_num_threads(typed.trainer.num_threads)
-    if typed.batch_size <= 0 or typed.eval_batch_size <= 0:
-        raise ConfigurationError(f"batch_size must be positive, got {typed.batch_size}")
+    check_run_settings(typed)
     L.seed_everything(typed.seed, workers=True, verbose=False)  # public: init, dropout; never privacy draws
     randomness = PrivacyRandomness(typed.privacy.seed, typed.privacy.secure_rng)
 
@@ -128,19 +146,68 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     return PreparedRun(typed, data, datamodule, randomness, strategy, model, plan, steps, budget_steps)
 
 
+def _trainer(
+    typed: Config, callbacks: list[L.Callback], loggers: list[Logger], max_steps: int, run_dir: Path,
+) -> L.Trainer:
+    accelerator = typed.trainer.accelerator
+    if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
+        raise ConfigurationError(
+            f"trainer.accelerator={accelerator} but this machine has no CUDA GPU visible to torch "
+            f"(torch {torch.__version__}): use trainer.accelerator=auto or cpu"
+        )
+    try:
+        return L.Trainer(
+            accelerator=accelerator,
+            devices=typed.trainer.devices,
+            strategy=typed.trainer.strategy,
+            num_nodes=typed.trainer.num_nodes,
+            precision=typed.trainer.precision,
+            max_epochs=-1 if typed.max_steps else typed.epochs,
+            max_steps=max_steps,
+            logger=loggers or False,
+            callbacks=callbacks,
+            enable_checkpointing=False,  # PeriodicCheckpoint writes them
+            enable_progress_bar=typed.trainer.enable_progress_bar,
+            enable_model_summary=False,
+            log_every_n_steps=typed.trainer.log_every_n_steps,
+            check_val_every_n_epoch=typed.trainer.check_val_every_n_epoch,
+            num_sanity_val_steps=0,
+            use_distributed_sampler=False,
+            default_root_dir=str(run_dir),
+            plugins=[AtomicCheckpointIO()],
+        )
+    except (MisconfigurationException, ValueError, RuntimeError) as error:
+        raise ConfigurationError(
+            f"the trainer.* settings are not usable on this machine: {str(error).splitlines()[0]}"
+        ) from None
+
+
+def _with_saved_noise(cfg: DictConfig, saved: SavedRun) -> DictConfig:
+    """extend_run: the longer schedule keeps the checkpoint's sigma instead of recalibrating it."""
+    extended = cfg.copy()
+    extended.privacy.noise_multiplier = saved.plan["noise_multiplier"]
+    return extended
+
+
 def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Train, test and write results.json in run_dir; returns the results."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    prepared = prepare_run(cfg)
+    checkpoint_path = run_dir / CHECKPOINT_DIR / CHECKPOINT_FILE
+    resume_from = checkpoint_to_resume(cfg.resume, checkpoint_path)
+    saved = read_saved_run(resume_from) if resume_from else None
+    extend = bool(cfg.get("extend_run")) and saved is not None and saved.plan["private"]
+    prepared = prepare_run(_with_saved_noise(cfg, saved) if extend else cfg)
     typed, data, datamodule, randomness = prepared.config, prepared.data, prepared.datamodule, prepared.randomness
     strategy, model, plan = prepared.strategy, prepared.model, prepared.plan
     steps, budget_steps, sampling_rate = prepared.steps, prepared.budget_steps, plan.sampling_rate
+    if saved is not None:
+        check_resume(saved, plan.to_dict(), public_config(cfg), extend)
 
     ledger = PrivacyLedger(typed.privacy.delta, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error))
     module = DPModule(
         model, data.task, strategy, typed.optimizer, ledger, typed.batch_size, typed.physical_batch_size,
-        typed.logger.train_stats,
+        typed.logger.train_stats, "val" if data.validation is not None else "val_on_test",
     )
 
     tags = [strategy.name, cfg.model.name, data.name]
@@ -148,35 +215,23 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     callbacks: list[L.Callback] = [profiler]
     if plan.private:
         callbacks.append(EpsilonLogger(ledger))
+    wandb_id = _wandb_id(cfg, saved)
+    checkpointing = None
     if typed.trainer.checkpoint:
-        callbacks.append(ModelCheckpoint(dirpath=run_dir / CHECKPOINT_DIR, save_last=True, save_top_k=0))
-    loggers = _loggers(cfg, run_dir, tags)
-    trainer = L.Trainer(
-        accelerator=typed.trainer.accelerator,
-        devices=typed.trainer.devices,
-        strategy=typed.trainer.strategy,
-        num_nodes=typed.trainer.num_nodes,
-        precision=typed.trainer.precision,
-        max_epochs=-1 if typed.max_steps else typed.epochs,
-        max_steps=budget_steps,
-        logger=loggers or False,
-        callbacks=callbacks,
-        enable_checkpointing=typed.trainer.checkpoint,
-        enable_progress_bar=typed.trainer.enable_progress_bar,
-        enable_model_summary=False,
-        log_every_n_steps=typed.trainer.log_every_n_steps,
-        check_val_every_n_epoch=typed.trainer.check_val_every_n_epoch,
-        num_sanity_val_steps=0,
-        use_distributed_sampler=False,
-        default_root_dir=str(run_dir),
-        plugins=[AtomicCheckpointIO()],
-    )
+        frozen_plan = {**plan.to_dict(), "calibrated": saved.plan["calibrated"]} if extend else plan.to_dict()
+        checkpointing = PeriodicCheckpoint(
+            checkpoint_path, typed.trainer.checkpoint_every_n_steps, typed.trainer.checkpoint_every_minutes,
+            {"plan": frozen_plan, "config": public_config(cfg), "wandb_id": wandb_id},
+        )
+        callbacks.append(checkpointing)
+    trainer = _trainer(typed, callbacks, _loggers(cfg, run_dir, tags, saved, wandb_id), budget_steps, run_dir)
     started = time.perf_counter()
     with warnings.catch_warnings():
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*TensorBoard.*")
+        warnings.filterwarnings("ignore", ".*resuming from a checkpoint that ended before the epoch ended.*")
         try:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=_resume_checkpoint(cfg, run_dir))
+            trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
         except (torch.OutOfMemoryError, MemoryError) as error:
             raise ConfigurationError(
                 f"out of memory at batch_size={typed.batch_size} ({type(error).__name__}). Keep the logical batch "
@@ -186,6 +241,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         wall = time.perf_counter() - started
         tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
         validated_metrics = trainer.validate(module, datamodule=datamodule, verbose=False)[0] if data.validation else {}
+    loggers = trainer.loggers
 
     report = ledger.epsilon() if plan.private else None
     metric = module.task.metric_name
@@ -201,6 +257,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "accountant_fallback_reason": report.fallback_reason if report else None,
         "target_epsilon": typed.privacy.epsilon if plan.private and plan.calibrated else None,
         "planned_epsilon": plan.planned_epsilon,
+        "calibration_floor_hit": plan.floor_hit,
         "delta": typed.privacy.delta if plan.private else None,
         "noise_multiplier": plan.noise_multiplier,
         "clip_norm": plan.clip_norm,
@@ -239,6 +296,11 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     results["secure_rng"] = typed.privacy.secure_rng
     results["privacy_seed"] = "explicit (secret, not recorded)" if randomness.explicit else "drawn from the OS"
     results["outside_guarantee"] = _outside_guarantee(typed, plan.private)
+    results["resumed_from_step"] = saved.step if saved else None
+    if extend:
+        results["extended_run"] = _extension_report(saved, results["epsilon"])
+    if checkpointing is not None and checkpointing.save_seconds:
+        results["checkpoint_time_s"] = sum(checkpointing.save_seconds)
     if not trainer.is_global_zero:  # the ledger is identical on every rank: rank 0 reports it once
         return results
     if plan.private:
@@ -247,6 +309,17 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     _finish_wandb(loggers, results)
     print(summary_text(results), flush=True)
     return results
+
+
+def _extension_report(saved: SavedRun, epsilon: float) -> dict[str, Any]:
+    """extend_run: the schedule grew at the checkpoint's sigma, so the original target may be exceeded."""
+    target = saved.config.get("privacy", {}).get("epsilon") if saved.plan["calibrated"] else None
+    return {
+        "planned_steps_before": saved.plan["steps"],
+        "noise_multiplier": saved.plan["noise_multiplier"],
+        "target_epsilon": target,
+        "target_exceeded": target is not None and epsilon > target,
+    }
 
 
 def _outside_guarantee(typed: Config, private: bool) -> list[str]:

@@ -12,8 +12,8 @@ ROOT = Path(__file__).resolve().parents[1]
 FAST = ["trainer.enable_progress_bar=false", "eval_batch_size=1000"]
 
 
-def dpbench(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+def dpbench(*args: str, timeout: int = 300, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", **(env or {})}
     return subprocess.run(
         [sys.executable, "-m", "dpbench", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout
     )

@@ -1,41 +1,170 @@
-"""A run killed with SIGKILL and resumed with resume=true ends exactly like an uninterrupted run."""
+"""Runs interrupted at any point mid-training resume to exactly the uninterrupted run, through the CLI.
 
+The kill lands after a periodic checkpoint and before the end: the steps between that checkpoint and the kill run
+again with the same batches and noise (both keyed by the step), so the final weights, steps, epsilon and the CSV
+history all equal the uninterrupted run's.
+"""
+
+import csv
 import os
+import re
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
+import torch
 
-from tests.cli import FAST, ROOT, dpbench, results
+from tests.cli import FAST, ROOT, dpbench, final_weights, results
 
-ARGS = ["epochs=5", "batch_size=400", "privacy.epsilon=4", "privacy.seed=7", *FAST]  # explicit: reproducible
+STEPS = 40
+ARGS = [  # explicit privacy seed: reproducible, so the resumed weights can be compared bit for bit
+    f"max_steps={STEPS}", "batch_size=400", "privacy.epsilon=4", "privacy.seed=7", "trainer.log_every_n_steps=1",
+    "trainer.checkpoint_every_n_steps=4", "trainer.check_val_every_n_epoch=2", *FAST,
+]
 
 
-def test_killed_and_resumed_run_matches_an_uninterrupted_one(tmp_path):
-    reference_dir, resumed_dir = tmp_path / "reference", tmp_path / "resumed"
-    reference = dpbench(*ARGS, f"hydra.run.dir={reference_dir}")
-    assert reference.returncode == 0, reference.stderr[-3000:]
+def _history(run_dir: Path) -> list[tuple[str, str]]:
+    """The CSV's per-step training rows: (step, realised batch size), in file order."""
+    with (run_dir / "csv" / "metrics.csv").open(newline="") as handle:
+        return [(row["step"], row["train/batch_size"]) for row in csv.DictReader(handle) if row["train/batch_size"]]
 
-    env = {**os.environ, "WANDB_MODE": "disabled"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "dpbench", *ARGS, f"hydra.run.dir={resumed_dir}"],
-        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+
+def _checkpoint_steps(run_dir: Path) -> list[int]:
+    return [int(step) for step in re.findall(r"checkpoint at step (\d+)", (run_dir / "dpbench.log").read_text())]
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory) -> Path:
+    run_dir = tmp_path_factory.mktemp("reference")
+    run = dpbench(*ARGS, f"hydra.run.dir={run_dir}")
+    assert run.returncode == 0, run.stderr[-3000:]
+    return run_dir
+
+
+def _start(run_dir: Path, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    return subprocess.Popen(
+        [sys.executable, "-m", "dpbench", *ARGS, *extra, f"hydra.run.dir={run_dir}"],
+        cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
     )
-    checkpoint = resumed_dir / "checkpoints" / "last.ckpt"
-    deadline = time.time() + 240
-    while not checkpoint.exists() and process.poll() is None and time.time() < deadline:
-        time.sleep(0.05)
-    if process.poll() is not None:
-        pytest.fail("the run ended before it could be killed: make it longer")
-    process.send_signal(signal.SIGKILL)
-    process.wait()
-    assert not (resumed_dir / "results.json").exists()
 
-    resumed = dpbench(*ARGS, "resume=true", f"hydra.run.dir={resumed_dir}")
+
+def _wait_for_checkpoint(process: subprocess.Popen, run_dir: Path, after_step: int) -> None:
+    log, deadline = run_dir / "dpbench.log", time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if log.exists() and any(step >= after_step for step in _checkpoint_steps(run_dir)):
+            return
+        time.sleep(0.02)
+    pytest.fail("the run ended or stalled before its mid-training checkpoint")
+
+
+def _wait_for_checkpoint_file(process: subprocess.Popen, run_dir: Path) -> None:
+    """In a fresh job process Hydra's log file is not written: watch the checkpoint itself."""
+    checkpoint, deadline = run_dir / "checkpoints" / "last.ckpt", time.time() + 240
+    while time.time() < deadline and process.poll() is None:
+        if checkpoint.exists():
+            return
+        time.sleep(0.02)
+    pytest.fail("the run ended or stalled before its first checkpoint")
+
+
+def _checkpoint_step(run_dir: Path) -> int:
+    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["dpbench_run"]["step"]
+
+
+def _assert_resumes_to_reference(run_dir: Path, reference: Path, killed_at: int) -> None:
+    assert not (run_dir / "results.json").exists()
+    resumed = dpbench(*ARGS, "resume=true", f"hydra.run.dir={run_dir}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    expected, got = results(reference_dir), results(resumed_dir)
-    assert got["steps"] == expected["steps"] == 5 * 10
+    expected, got = results(reference), results(run_dir)
+    assert got["steps"] == expected["steps"] == STEPS
+    assert got["resumed_from_step"] is not None and 0 < got["resumed_from_step"] < STEPS
+    assert got["resumed_from_step"] <= killed_at
     assert got["epsilon"] == pytest.approx(expected["epsilon"], rel=1e-9)
-    assert got["test_accuracy"] == pytest.approx(expected["test_accuracy"])
+    assert got["test_accuracy"] == expected["test_accuracy"]
+    assert torch.equal(final_weights(run_dir), final_weights(reference))
+    assert _history(run_dir) == _history(reference)  # kept, appended, never duplicated or lost
+
+
+def test_sigkill_mid_training_resumes_to_the_uninterrupted_run(tmp_path, reference):
+    process = _start(tmp_path)
+    _wait_for_checkpoint(process, tmp_path, after_step=8)
+    time.sleep(0.3)  # let it run past the checkpoint: those steps must run again, identically
+    process.kill()
+    process.wait()
+    steps_reached = max(int(step) for step, _ in _history(tmp_path)) + 1
+    print(f"SIGKILL after step {steps_reached} (last checkpoint at step {_checkpoint_steps(tmp_path)[-1]})")
+    assert steps_reached < STEPS
+    _assert_resumes_to_reference(tmp_path, reference, steps_reached)
+
+
+@pytest.mark.parametrize("signum,extra", [(signal.SIGINT, ()), (signal.SIGTERM, ("profiler.fresh_process=always",))])
+def test_stop_signal_checkpoints_at_the_step_boundary_and_exits(tmp_path, reference, signum, extra):
+    process = _start(tmp_path, *extra)
+    _wait_for_checkpoint_file(process, tmp_path)
+    process.send_signal(signum)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == 128 + signum, stderr[-3000:]
+    stopped = re.search(rf"stopped by {signal.Signals(signum).name} after step (\d+)", stderr)
+    assert stopped, stderr[-2000:]
+    step = int(stopped.group(1))
+    assert _checkpoint_step(tmp_path) == step  # the checkpoint is the step it stopped at
+    assert step < STEPS
+    _assert_resumes_to_reference(tmp_path, reference, step)
+
+
+def test_resume_true_without_a_checkpoint_is_an_error_and_auto_starts(tmp_path):
+    missing = dpbench("max_steps=2", "resume=true", f"hydra.run.dir={tmp_path / 'a'}", *FAST)
+    assert missing.returncode == 2
+    assert "resume=true but there is no checkpoint" in missing.stderr and "resume=auto" in missing.stderr
+    started = dpbench("max_steps=2", "resume=auto", f"hydra.run.dir={tmp_path / 'b'}", *FAST)
+    assert started.returncode == 0, started.stderr[-2000:]
+    assert results(tmp_path / "b")["steps"] == 2 and results(tmp_path / "b")["resumed_from_step"] is None
+
+
+@pytest.mark.parametrize("content", [b"", b"PK\x03\x04 torn in the middle of a write"])
+def test_corrupt_checkpoint_is_one_clear_line_and_changes_nothing(tmp_path, content):
+    (tmp_path / "checkpoints").mkdir()
+    (tmp_path / "checkpoints" / "last.ckpt").write_bytes(content)
+    (tmp_path / "csv").mkdir()
+    history = tmp_path / "csv" / "metrics.csv"
+    history.write_text("epoch,step,train/batch_size\n0,0,411\n")
+    run = dpbench("max_steps=2", "resume=true", f"hydra.run.dir={tmp_path}", *FAST)
+    assert run.returncode == 2
+    error_lines = [line for line in run.stderr.splitlines() if line.startswith("dpbench: error:")]
+    assert len(error_lines) == 1 and "last.ckpt cannot be read" in error_lines[0], run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+    assert history.read_text() == "epoch,step,train/batch_size\n0,0,411\n"
+
+
+def test_a_changed_schedule_is_refused_unless_the_run_is_extended(tmp_path):
+    short = dpbench("epochs=2", "batch_size=500", f"hydra.run.dir={tmp_path}", *FAST)
+    assert short.returncode == 0, short.stderr[-2000:]
+    planned = results(tmp_path)
+    refused = dpbench("epochs=4", "batch_size=500", "resume=true", f"hydra.run.dir={tmp_path}", *FAST)
+    assert refused.returncode == 2
+    assert "epochs: 2 -> 4" in refused.stderr and "extend_run=true" in refused.stderr
+    assert results(tmp_path) == planned  # refused before anything was written
+
+    extended = dpbench("epochs=4", "batch_size=500", "resume=true", "extend_run=true", f"hydra.run.dir={tmp_path}",
+                       *FAST)
+    assert extended.returncode == 0, extended.stderr[-2000:]
+    got = results(tmp_path)
+    assert got["steps"] == 2 * planned["steps"] and got["epochs"] == 4
+    assert got["noise_multiplier"] == planned["noise_multiplier"]  # not recalibrated mid-run
+    assert got["extended_run"]["target_epsilon"] == 3.0
+    assert got["epsilon"] > 3.0 and got["extended_run"]["target_exceeded"] is True
+
+
+def test_resume_continues_the_same_wandb_run(tmp_path):
+    env = {"WANDB_MODE": "offline"}
+    first = dpbench("max_steps=3", "epochs=1", f"hydra.run.dir={tmp_path}", *FAST, env=env)
+    assert first.returncode == 0, first.stderr[-2000:]
+    run_id = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["dpbench_run"]["wandb_id"]
+    again = dpbench("max_steps=3", "epochs=1", "resume=true", f"hydra.run.dir={tmp_path}", *FAST, env=env)
+    assert again.returncode == 0, again.stderr[-2000:]
+    runs = sorted(path.name for path in (tmp_path / "wandb").glob("offline-run-*"))
+    assert len(runs) == 2 and all(name.endswith(run_id) for name in runs)

@@ -29,7 +29,10 @@ class DPModule(L.LightningModule):
         expected_batch_size: float,
         physical_batch_size: int | None = None,
         train_stats: bool = True,
+        validation_prefix: str = "val",
     ):
+        """`validation_prefix`: `val_on_test` when the per-epoch evaluation runs on the test split (no validation
+        split), so that nobody tunes on test metrics named as validation ones."""
         super().__init__()
         self.automatic_optimization = False
         self.model = model
@@ -40,6 +43,7 @@ class DPModule(L.LightningModule):
         self.expected_batch_size = expected_batch_size
         self.physical_batch_size = physical_batch_size
         self.train_stats = train_stats
+        self.validation_prefix = validation_prefix
         self.samples_seen = 0
         strategy.attach(model)
 
@@ -83,7 +87,7 @@ class DPModule(L.LightningModule):
                      batch_size=count, prog_bar=True)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
-        self._evaluate(batch, "val")
+        self._evaluate(batch, self.validation_prefix)
 
     def test_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, "test")

@@ -1,0 +1,130 @@
+"""What `resume` means: which checkpoint, whether it is readable, and whether the run it continues is the same.
+
+A resume may only continue the privacy plan it was started with (sigma, q, planned steps, delta, clip norm,
+sampling, target): a changed schedule would recalibrate sigma mid-run and overspend the target. With
+`extend_run=true` the planned steps may grow at the checkpoint's sigma, and results.json reports the epsilon spent.
+Everything here runs before any logger or trainer touches the run directory, so a refused resume changes nothing.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpbench.errors import ConfigurationError
+from dpbench.training.checkpointing import RUN_STATE_KEY
+
+RESUME_MODES = {False: "false", True: "true", "false": "false", "true": "true", "auto": "auto"}
+PLAN_KEYS = ("private", "sampling", "sampling_rate", "steps", "delta", "clip_norm", "noise_multiplier", "calibrated")
+CONFIG_KEYS_IGNORED = ("resume", "extend_run", "trainer", "logger", "profiler", "eval_batch_size",
+                       "physical_batch_size")
+
+
+@dataclass
+class SavedRun:
+    """The part of a checkpoint that a resume is checked against."""
+
+    path: Path
+    plan: dict[str, Any]
+    config: dict[str, Any]
+    wandb_id: str | None
+    step: int | None
+    log_step: int | None
+    """The logging step the run continues from: CSV rows from it on are logged again by the resumed run."""
+
+
+def resume_mode(value: Any) -> str:
+    mode = RESUME_MODES.get(value.lower() if isinstance(value, str) else value)
+    if mode is None:
+        raise ConfigurationError(f"resume must be false, true or auto, got {value!r}")
+    return mode
+
+
+def checkpoint_to_resume(value: Any, checkpoint: Path) -> Path | None:
+    """The checkpoint `resume` asks for: true needs one, auto takes one if it is there."""
+    mode = resume_mode(value)
+    if mode == "false":
+        return None
+    if checkpoint.exists():
+        return checkpoint
+    if mode == "auto":
+        return None
+    raise ConfigurationError(
+        f"resume=true but there is no checkpoint {checkpoint}: pass the interrupted run's directory as "
+        "hydra.run.dir, or use resume=auto to start a new run when there is nothing to resume"
+    )
+
+
+def read_saved_run(path: Path) -> SavedRun:
+    """Load the checkpoint's run state; a torn, empty or foreign file is one clear error, not a traceback."""
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+    except Exception as error:  # torch raises many kinds for a torn file: all mean the same to the user
+        raise ConfigurationError(
+            f"checkpoint {path} cannot be read ({type(error).__name__}: {str(error).splitlines()[0][:120]}): it is "
+            "truncated or corrupt; delete it and rerun with resume=false (starts over) or restore a good copy"
+        ) from None
+    state = checkpoint.get(RUN_STATE_KEY) if isinstance(checkpoint, dict) else None
+    if not isinstance(state, dict) or "plan" not in state:
+        raise ConfigurationError(
+            f"checkpoint {path} has no dpbench privacy plan (written by another tool or an older dpbench): it "
+            "cannot be resumed safely; start over with resume=false in a new hydra.run.dir"
+        )
+    return SavedRun(Path(path), state["plan"], state.get("config", {}), state.get("wandb_id"),
+                    state.get("step"), state.get("log_step"))
+
+
+def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def changed_config_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[str]:
+    """Config keys whose values differ, as `key: old -> new` (keys that do not touch the run's math are left out)."""
+    old, new = _flatten(saved), _flatten(current)
+    changes = []
+    for key in sorted(set(old) | set(new)):
+        if key.split(".")[0] in CONFIG_KEYS_IGNORED or old.get(key) == new.get(key):
+            continue
+        changes.append(f"{key}: {old.get(key, '<unset>')} -> {new.get(key, '<unset>')}")
+    return changes
+
+
+def _same(old: Any, new: Any) -> bool:
+    if isinstance(old, float) and isinstance(new, float):
+        return math.isclose(old, new, rel_tol=1e-9)
+    return old == new
+
+
+def check_resume(saved: SavedRun, plan: dict[str, Any], config: dict[str, Any], extend: bool) -> None:
+    """Refuse a resume whose privacy plan differs from the checkpoint's, naming the config keys that changed."""
+    differing = [key for key in PLAN_KEYS if not _same(saved.plan.get(key), plan.get(key))]
+    if extend:
+        if "steps" in differing and plan["steps"] < saved.plan["steps"]:
+            raise ConfigurationError(
+                f"extend_run=true shortens the run ({saved.plan['steps']} -> {plan['steps']} planned steps): "
+                "extend_run only lengthens it"
+            )
+        differing = [key for key in differing if key not in ("steps", "calibrated")]
+    if not differing:
+        return
+    plan_changes = ", ".join(f"{key} {saved.plan.get(key)} -> {plan.get(key)}" for key in differing)
+    keys = "; ".join(changed_config_keys(saved.config, config)) or "none (the data or privatizer changed)"
+    hint = (
+        "resume with the checkpoint's config" if "steps" not in differing else
+        "resume with the checkpoint's schedule, or add extend_run=true to continue at the checkpoint's noise "
+        "multiplier (results.json then reports the larger epsilon spent)"
+    )
+    raise ConfigurationError(
+        f"resume changes the privacy plan of {saved.path} ({plan_changes}); changed config keys: {keys}. {hint}"
+    )
