@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install run test bench lint clean
+.PHONY: install run test bench leaderboard lint clean
 
 install: $(STAMP)
 
@@ -35,6 +35,10 @@ test: install
 bench: install
 	$(BIN)/pip install -q -e ".[bench]"
 	WANDB_MODE=disabled $(BIN)/python -m benchmarks $(ARGS)
+
+# The leaderboard (docs/leaderboard.md): ARGS=--quick for the reduced profile, ARGS=--report-only to regenerate.
+leaderboard: install
+	$(BIN)/python -m dpbench.leaderboard $(ARGS)
 
 lint: install
 	$(BIN)/ruff check dpbench tests benchmarks

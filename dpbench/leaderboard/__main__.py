@@ -1,0 +1,67 @@
+"""python -m dpbench.leaderboard [--quick] [--report-only] [--dry-run] [--root DIR] [--docs DIR] [--suite FILE]."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from dpbench.errors import ConfigurationError
+from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, LAUNCHERS
+from dpbench.leaderboard.report import build, record_invocation
+from dpbench.leaderboard.schedule import Scheduler
+from dpbench.leaderboard.suite import load_suite
+
+NOTE = ("Note: each run's epsilon does not count the tuning trials; selecting hyperparameters on private data "
+        "spends privacy that the leaderboard does not include.")
+
+
+def parse(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m dpbench.leaderboard", description=__doc__)
+    parser.add_argument("--quick", action="store_true", help="the reduced profile (under 15 minutes on 2 cores)")
+    parser.add_argument("--profile", default=None, help="a profile of the suite file (default: full, or quick)")
+    parser.add_argument("--suite", type=Path, default=None, help="suite file (default: conf/leaderboard/suite.yaml)")
+    parser.add_argument("--root", type=Path, default=None,
+                        help="where the cells live (default: outputs/leaderboard/<profile>)")
+    parser.add_argument("--docs", type=Path, default=Path("docs"), help="where leaderboard.md and its figures go")
+    parser.add_argument("--report-only", action="store_true", help="regenerate the report from the cells, run none")
+    parser.add_argument("--launcher", choices=sorted(LAUNCHERS), default=DEFAULT_LAUNCHER,
+                        help="fork: each cell a forked child of this warm interpreter (default where available); "
+                             "subprocess: a new `python -m dpbench` per cell")
+    parser.add_argument("--dry-run", action="store_true", help="list the cells that the suite would run")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
+    profile = args.profile or ("quick" if args.quick else "full")
+    try:
+        suite = load_suite(profile, args.suite)
+    except ConfigurationError as error:
+        print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
+        return 2
+    root = args.root or Path("outputs") / "leaderboard" / profile
+    command = ["python", "-m", "dpbench.leaderboard", *(sys.argv[1:] if argv is None else argv)]
+    if args.dry_run:
+        scheduler = Scheduler(suite, root, dry_run=True)
+        scheduler.run()
+        for cell in scheduler.planned:
+            print(cell.directory(root))
+        print(f"{len(scheduler.planned)} cells at least (ladder rungs that are refused add more)")
+        return 0
+    if not args.report_only:
+        print(NOTE, flush=True)
+        started, clock = datetime.now(timezone.utc), time.perf_counter()
+        Scheduler(suite, root, launcher=args.launcher).run()
+        record_invocation(root, command, started, time.perf_counter() - clock)
+    path = build(suite, root, args.docs, " ".join(command))
+    print(f"wrote {path}\n{NOTE}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""Which cells the suite runs, in which order: tuning trials, the choice, then seeds at every budget.
+
+Fairness: every method gets the same `trials` points over (learning rate, clip norm), the same quasi-random
+(Halton) points of the task's log-scale ranges, on a validation split carved from the training data, at the
+profile's tune_epsilon and seed 0. The best point by validation metric is reused at every budget and seed.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from dpbench.leaderboard.cells import Cell, read_outcome, run_cell
+from dpbench.leaderboard.launch import DEFAULT_LAUNCHER
+from dpbench.leaderboard.suite import Method, Suite, Task, Variant
+
+log = logging.getLogger(__name__)
+TUNING_SEED = 0
+
+
+def halton(index: int, base: int) -> float:
+    """The index-th (from 1) element of the van der Corput sequence in `base`: evenly spread points in (0, 1)."""
+    result, fraction = 0.0, 1.0
+    while index > 0:
+        fraction /= base
+        result += fraction * (index % base)
+        index //= base
+    return result
+
+
+def log_point(bounds: tuple[float, float], u: float) -> float:
+    low, high = bounds
+    return float(f"{low * (high / low) ** u:.3g}")
+
+
+def trial_points(task: Task, method: Method, trials: int) -> list[tuple[float, float | None]]:
+    """(lr, clip norm) of each trial: Halton bases 2 and 3 over the ranges; no clip norm for a non-private method."""
+    lr_range = task.lr[task.optimizer_of(method)]
+    return [(log_point(lr_range, halton(k, 2)), log_point(task.clip, halton(k, 3)) if method.private else None)
+            for k in range(1, trials + 1)]
+
+
+def cell_for(suite: Suite, task: Task, method: Method, variant: Variant, phase: str, epsilon: float | None,
+             seed: int, trial: int | None, lr: float, clip_norm: float | None) -> Cell:
+    optimizer = task.optimizer_of(method)
+    overrides = [*task.overrides, *variant.overrides, f"optimizer={optimizer}", f"optimizer.lr={lr}", f"seed={seed}",
+                 *suite.common, f"logger.group=leaderboard-{task.name}"]
+    if method.private:
+        overrides += [f"privacy.epsilon={epsilon:g}", "privacy.noise_multiplier=null", f"privacy.delta={suite.delta:g}",
+                      f"privacy.clip_norm={clip_norm}"]
+    if phase == "tune":
+        overrides.append(f"++data.validation_size={task.validation_size}")
+    return Cell(task=task.name, method=method.name, variant=variant.name, label=variant.label, phase=phase,
+                epsilon=epsilon if method.private else None, seed=seed, trial=trial, lr=lr, clip_norm=clip_norm,
+                overrides=overrides)
+
+
+def better(metric: str) -> Callable[[float, float], bool]:
+    """Accuracy is maximised, a loss minimised."""
+    return (lambda a, b: a < b) if metric == "loss" else (lambda a, b: a > b)
+
+
+def choose(cells: list[Cell], root: Path) -> Cell | None:
+    """The trial with the best validation metric (the first on ties), or None when no trial finished."""
+    best, best_value = None, None
+    for cell in cells:
+        outcome = read_outcome(cell.directory(root))
+        value = outcome.value("validation") if outcome else None
+        if value is None:
+            continue
+        if best_value is None or better(outcome.metric)(value, best_value):
+            best, best_value = cell, value
+    return best
+
+
+class Scheduler:
+    """Runs (or, with dry_run, lists) the cells of a suite; every cell already recorded is skipped."""
+
+    def __init__(self, suite: Suite, root: Path, env: dict[str, str] | None = None, dry_run: bool = False,
+                 launcher: str = DEFAULT_LAUNCHER):
+        self.suite, self.root, self.env, self.dry_run, self.launcher = suite, Path(root), env, dry_run, launcher
+        self.planned: list[Cell] = []
+
+    def _run(self, cell: Cell) -> str:
+        self.planned.append(cell)
+        if self.dry_run:
+            return "done"
+        state = run_cell(cell, self.root, self.env, self.launcher)
+        log.info("%-8s %s", state, cell.directory(self.root).relative_to(self.root))
+        return state
+
+    def run(self) -> None:
+        for task in self.suite.tasks:
+            reason = task.skip_reason()
+            if reason:
+                log.warning("%s: %s", task.name, reason)
+                continue
+            for method in task.methods:
+                self.run_method(task, method)
+
+    def _tune(self, task: Task, method: Method) -> tuple[Variant, Cell] | None:
+        """Trials of the first rung that can run at tune_epsilon; its best trial (None if nothing could run)."""
+        epsilon = self.suite.tune_epsilon if method.private else None
+        points = trial_points(task, method, self.suite.trials)
+        for variant in method.variants():
+            cells = [cell_for(self.suite, task, method, variant, "tune", epsilon, TUNING_SEED, k, lr, clip)
+                     for k, (lr, clip) in enumerate(points)]
+            if self._run(cells[0]) == "refused":
+                continue
+            for cell in cells[1:]:
+                self._run(cell)
+            if self.dry_run:
+                return variant, cells[0]
+            chosen = choose(cells, self.root)
+            return (variant, chosen) if chosen else None
+        return None
+
+    def run_method(self, task: Task, method: Method) -> None:
+        tuned = self._tune(task, method)
+        if tuned is None:
+            return
+        _, chosen = tuned
+        for epsilon in self.suite.budgets if method.private else [None]:
+            kept = 0
+            for variant in method.variants():
+                cells = [cell_for(self.suite, task, method, variant, "test", epsilon, seed, None, chosen.lr,
+                                  chosen.clip_norm) for seed in self.suite.seeds]
+                if self._run(cells[0]) == "refused":
+                    continue
+                for cell in cells[1:]:
+                    self._run(cell)
+                kept += 1
+                if kept == method.keep:
+                    break

@@ -1,0 +1,148 @@
+"""The suite file (conf/leaderboard/suite.yaml) as typed objects: tasks, methods and one profile's grid."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from omegaconf import OmegaConf
+
+from dpbench.errors import ConfigurationError
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One concrete configuration of a method (a ladder method has one per rung, e.g. JL at r = 5)."""
+
+    name: str
+    label: str
+    overrides: tuple[str, ...]
+
+
+@dataclass(frozen=True)
+class Method:
+    name: str
+    label: str
+    overrides: tuple[str, ...]
+    optimizer: str
+    private: bool = True
+    ladder_key: str | None = None
+    ladder_short: str = ""
+    ladder_values: tuple[Any, ...] = ()
+    keep: int = 1
+
+    def variants(self) -> list[Variant]:
+        """The rungs in increasing order; a method without a ladder is its own single variant."""
+        if self.ladder_key is None:
+            return [Variant(self.name, self.label, self.overrides)]
+        return [Variant(f"{self.name}_{self.ladder_short}{value}", f"{self.label} ({self.ladder_short}={value})",
+                        (*self.overrides, f"{self.ladder_key}={value}")) for value in self.ladder_values]
+
+
+@dataclass(frozen=True)
+class Task:
+    name: str
+    title: str
+    overrides: tuple[str, ...]
+    optimizer: str
+    lr: dict[str, tuple[float, float]]
+    clip: tuple[float, float]
+    validation_size: int
+    methods: tuple[Method, ...]
+    requires: str | None = None
+
+    def skip_reason(self) -> str | None:
+        """Why the task cannot run on this machine (its data is not installed), or None."""
+        if self.requires and not Path(self.requires).exists():
+            return f"skipped: {self.requires} does not exist (its data is not installed on this machine)"
+        return None
+
+    def optimizer_of(self, method: Method) -> str:
+        return self.optimizer if method.optimizer == "task" else method.optimizer
+
+
+@dataclass(frozen=True)
+class Suite:
+    profile: str
+    delta: float
+    common: tuple[str, ...]
+    budgets: tuple[float, ...]
+    tune_epsilon: float
+    trials: int
+    seeds: tuple[int, ...]
+    tasks: tuple[Task, ...]
+    path: Path
+    omitted: tuple[str, ...] = ()
+    """Tasks of the suite file that this profile leaves out."""
+
+
+def default_suite_path() -> Path:
+    from dpbench.cli import config_dir
+
+    return Path(config_dir()) / "leaderboard" / "suite.yaml"
+
+
+def _pair(value: Any, where: str) -> tuple[float, float]:
+    if not (isinstance(value, list | tuple) and len(value) == 2 and 0 < float(value[0]) <= float(value[1])):
+        raise ConfigurationError(f"{where} must be a range [low, high] with 0 < low <= high, got {value!r}")
+    return float(value[0]), float(value[1])
+
+
+def _method(name: str, spec: dict[str, Any], where: Path) -> Method:
+    ladder = spec.get("ladder") or {}
+    optimizer = spec.get("optimizer", "task")
+    if optimizer not in ("sgd", "adam", "task"):
+        raise ConfigurationError(f"{where}: methods.{name}.optimizer must be sgd, adam or task, got {optimizer!r}")
+    return Method(
+        name=name, label=str(spec.get("label", name)), overrides=tuple(spec.get("overrides", [])),
+        optimizer=optimizer, private=bool(spec.get("private", True)), ladder_key=ladder.get("key"),
+        ladder_short=str(ladder.get("short", "")), ladder_values=tuple(ladder.get("values", [])),
+        keep=int(ladder.get("keep", 1)),
+    )
+
+
+def load_suite(profile: str, path: Path | None = None) -> Suite:
+    """Read one profile (`full`, `quick`, ...) of a suite file into a Suite."""
+    path = Path(path or default_suite_path())
+    if not path.exists():
+        raise ConfigurationError(f"suite file {path} does not exist")
+    raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    profiles = raw.get("profiles", {})
+    if profile not in profiles:
+        raise ConfigurationError(f"{path}: no profile {profile!r}; choose one of {sorted(profiles)}")
+    chosen = profiles[profile]
+    methods = {name: _method(name, spec, path) for name, spec in raw.get("methods", {}).items()}
+    for name, values in (chosen.get("ladders") or {}).items():  # a profile may climb fewer rungs
+        if name not in methods or methods[name].ladder_key is None:
+            raise ConfigurationError(f"{path}: profile {profile!r} ladders names {name!r}, not a method with a ladder")
+        methods[name] = replace(methods[name], ladder_values=tuple(values))
+    tasks = []
+    for task_name, entry in chosen["tasks"].items():
+        spec = raw.get("tasks", {}).get(task_name)
+        if spec is None:
+            raise ConfigurationError(f"{path}: profile {profile!r} names task {task_name!r}, which `tasks` lacks")
+        unknown = [m for m in entry["methods"] if m not in methods]
+        if unknown:
+            raise ConfigurationError(f"{path}: task {task_name!r} names unknown methods {unknown}")
+        tasks.append(Task(
+            name=task_name, title=str(spec.get("title", task_name)),
+            overrides=(*spec.get("overrides", []), *entry.get("overrides", [])),
+            optimizer=spec["optimizer"],
+            lr={opt: _pair(bounds, f"{path}: tasks.{task_name}.lr.{opt}") for opt, bounds in spec["lr"].items()},
+            clip=_pair(spec["clip"], f"{path}: tasks.{task_name}.clip"),
+            validation_size=int(spec["validation_size"]),
+            methods=tuple(methods[m] for m in entry["methods"]), requires=spec.get("requires"),
+        ))
+    tune_epsilon = float(chosen["tune_epsilon"])
+    budgets = tuple(float(b) for b in chosen["budgets"])
+    if tune_epsilon not in budgets:
+        raise ConfigurationError(f"{path}: profile {profile!r} tune_epsilon {tune_epsilon} is not one of {budgets}")
+    if int(chosen["trials"]) < 1 or not chosen["seeds"]:
+        raise ConfigurationError(f"{path}: profile {profile!r} needs trials >= 1 and at least one seed")
+    return Suite(
+        profile=profile, delta=float(raw["delta"]), common=tuple(raw.get("common", [])), budgets=budgets,
+        tune_epsilon=tune_epsilon, trials=int(chosen["trials"]), seeds=tuple(int(s) for s in chosen["seeds"]),
+        tasks=tuple(tasks), path=path,
+        omitted=tuple(name for name in raw.get("tasks", {}) if name not in chosen["tasks"]),
+    )

@@ -1,0 +1,122 @@
+"""Cell outcomes -> per (task, variant, epsilon) entries: mean and spread over seeds, costs, refusals."""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from dataclasses import dataclass, field
+from statistics import mean, stdev
+
+from dpbench.leaderboard.cells import Outcome
+
+
+def _finite(value: object) -> float | None:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return None
+    return number if math.isfinite(number) else None
+
+
+def seconds_per_step(results: dict) -> float | None:
+    """Training wall time over steps (first steps and data loading included, the same way for every method)."""
+    wall, steps = _finite(results.get("train_time_s")), results.get("steps")
+    return wall / steps if wall is not None and steps else None
+
+
+@dataclass
+class Entry:
+    """The test-phase seeds of one variant at one budget (epsilon None: a non-private method)."""
+
+    task: str
+    method: str
+    variant: str
+    label: str
+    epsilon: float | None
+    metric: str | None = None
+    values: list[float] = field(default_factory=list)
+    spent: list[float] = field(default_factory=list)
+    samples_per_s: list[float] = field(default_factory=list)
+    peak_mb: list[float] = field(default_factory=list)
+    wall_s: list[float] = field(default_factory=list)
+    step_s: list[float] = field(default_factory=list)
+    lr: float | None = None
+    clip_norm: float | None = None
+    refused: str | None = None
+    failed: list[str] = field(default_factory=list)
+    pending: int = 0
+
+    @property
+    def mean(self) -> float | None:
+        return mean(self.values) if self.values else None
+
+    @property
+    def std(self) -> float | None:
+        return stdev(self.values) if len(self.values) > 1 else None
+
+    def cost(self, name: str) -> float | None:
+        values = getattr(self, name)
+        return mean(values) if values else None
+
+
+@dataclass
+class Tuning:
+    """The tuning trials of one variant: (lr, clip, validation value or the outcome) per trial."""
+
+    variant: str
+    label: str
+    trials: list[tuple[float, float | None, float | None, str]] = field(default_factory=list)
+
+
+def _add(entry: Entry, outcome: Outcome) -> None:
+    if outcome.status == "refused":
+        entry.refused = outcome.reason
+        return
+    if outcome.status == "failed":
+        entry.failed.append(outcome.reason or "")
+        return
+    if outcome.status == "pending":
+        entry.pending += 1
+        return
+    results = outcome.results or {}
+    entry.metric = results["test_metric"]
+    value = outcome.value("test")
+    if value is not None:
+        entry.values.append(value)
+    for target, key in (("spent", "epsilon"), ("samples_per_s", "samples_per_s"), ("peak_mb", "peak_memory_mb"),
+                        ("wall_s", "train_time_s")):
+        number = _finite(results.get(key))
+        if number is not None:
+            getattr(entry, target).append(number)
+    step = seconds_per_step(results)
+    if step is not None:
+        entry.step_s.append(step)
+
+
+def summarize(outcomes: list[Outcome]) -> tuple[dict[str, list[Entry]], dict[str, list[Tuning]]]:
+    """Entries and tuning records per task, in the order the cells were first seen."""
+    entries: dict[tuple, Entry] = {}
+    tuning: dict[tuple, Tuning] = {}
+    for outcome in outcomes:
+        cell = outcome.cell
+        if cell["phase"] == "tune":
+            record = tuning.setdefault((cell["task"], cell["variant"]), Tuning(cell["variant"], cell["label"]))
+            record.trials.append((cell["lr"], cell["clip_norm"], outcome.value("validation"), outcome.status))
+            continue
+        key = (cell["task"], cell["variant"], cell["epsilon"])
+        entry = entries.setdefault(key, Entry(cell["task"], cell["method"], cell["variant"], cell["label"],
+                                              cell["epsilon"], lr=cell["lr"], clip_norm=cell["clip_norm"]))
+        _add(entry, outcome)
+    for outcome in outcomes:  # a rung refused at the tuning budget has no test cells there: show the refusal
+        cell = outcome.cell
+        key = (cell["task"], cell["variant"], cell["epsilon"])
+        if cell["phase"] == "tune" and outcome.status == "refused" and key not in entries:
+            entries[key] = Entry(cell["task"], cell["method"], cell["variant"], cell["label"], cell["epsilon"],
+                                 lr=cell["lr"], clip_norm=cell["clip_norm"], refused=outcome.reason)
+    by_task: dict[str, list[Entry]] = defaultdict(list)
+    for entry in entries.values():
+        by_task[entry.task].append(entry)
+    tuning_by_task: dict[str, list[Tuning]] = defaultdict(list)
+    for (task, _), record in tuning.items():
+        tuning_by_task[task].append(record)
+    return dict(by_task), dict(tuning_by_task)

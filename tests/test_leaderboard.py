@@ -1,0 +1,161 @@
+"""The leaderboard's machinery end to end on a tiny suite: real dpbench runs, a refusal, resume, the report."""
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from dpbench.errors import ConfigurationError
+from dpbench.leaderboard import Scheduler, build, load_suite
+from dpbench.leaderboard.cells import Cell, read_outcome
+from dpbench.leaderboard.claims import fmt_value
+from dpbench.leaderboard.plots import pareto
+from dpbench.leaderboard.schedule import choose, trial_points
+from dpbench.results import write_json_atomic
+
+TINY = """
+delta: 1.0e-5
+common: [trainer.enable_progress_bar=false, trainer.checkpoint=false, trainer.check_val_every_n_epoch=null,
+         logger.csv=false, profiler.warmup_steps=1, eval_batch_size=1000]
+methods:
+  nonprivate: {label: non-private, overrides: [privatizer=nonprivate], optimizer: task, private: false}
+  dpsgd: {label: DP-SGD, overrides: [privatizer=vanilla], optimizer: sgd}
+  jl:
+    label: JL
+    overrides: [privatizer=jl]
+    optimizer: task
+    ladder: {key: privatizer.projections, short: r, values: [1], keep: 1}
+tasks:
+  cnn:
+    title: tiny CNN
+    overrides: [model=cnn, data=mnist5k, batch_size=100, max_steps=3]
+    optimizer: sgd
+    lr: {sgd: [0.5, 2.0]}
+    clip: [0.5, 2.0]
+    validation_size: 200
+  vit:
+    title: tiny ViT
+    overrides: [model=vit, data=mnist5k, batch_size=100, max_steps=3]
+    optimizer: sgd
+    lr: {sgd: [0.5, 2.0]}
+    clip: [0.5, 2.0]
+    validation_size: 200
+  absent:
+    title: data not installed
+    overrides: [model=cnn, data=fashion_mnist]
+    optimizer: sgd
+    lr: {sgd: [0.5, 2.0]}
+    clip: [0.5, 2.0]
+    validation_size: 200
+    requires: /nonexistent/fashion-mnist
+profiles:
+  tiny:
+    budgets: [1]
+    tune_epsilon: 1
+    trials: 1
+    seeds: [0]
+    tasks:
+      cnn: {methods: [nonprivate, dpsgd]}
+      vit: {methods: [dpsgd, jl]}
+      absent: {methods: [dpsgd]}
+"""
+ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+
+
+def _suite(tmp_path: Path, text: str = TINY, profile: str = "tiny"):
+    path = tmp_path / "suite.yaml"
+    path.write_text(text)
+    return load_suite(profile, path)
+
+
+def _results_files(root: Path) -> dict[Path, int]:
+    return {path: path.stat().st_mtime_ns for path in root.rglob("*.json") if path.name in ("results.json",
+                                                                                            "refused.json")}
+
+
+def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path):
+    suite = _suite(tmp_path)
+    root, docs = tmp_path / "cells", tmp_path / "docs"
+    Scheduler(suite, root, ENV).run()
+
+    done = {"cnn/nonprivate/tune_nonprivate_t0", "cnn/nonprivate/nonprivate_s0", "cnn/dpsgd/tune_eps1_t0",
+            "cnn/dpsgd/eps1_s0", "vit/dpsgd/tune_eps1_t0", "vit/dpsgd/eps1_s0"}
+    for name in done:
+        assert (root / name / "results.json").exists(), (root / name / "cell.log").read_text()
+    refused = read_outcome(root / "vit/jl_r1/tune_eps1_t0")
+    assert refused.status == "refused" and "unreachable" in refused.reason
+    assert not (root / "absent").exists()
+    tune = json.loads((root / "cnn/dpsgd/tune_eps1_t0/results.json").read_text())
+    assert tune["validation_size"] == 200 and tune["validation_accuracy"] is not None
+    final = json.loads((root / "cnn/dpsgd/eps1_s0/results.json").read_text())
+    assert final["validation_size"] == 0 and final["target_epsilon"] == 1.0
+    assert final["config"]["optimizer"]["lr"] == tune["config"]["optimizer"]["lr"]
+
+    # Resume: only the deleted cell runs again; the refused rung is not retried.
+    before = _results_files(root)
+    removed = root / "cnn/dpsgd/eps1_s0"
+    for path in sorted(removed.rglob("*"), reverse=True):
+        path.unlink() if path.is_file() else path.rmdir()
+    removed.rmdir()
+    Scheduler(suite, root, ENV).run()
+    after = _results_files(root)
+    assert set(after) == set(before)
+    changed = {path.parent.relative_to(root).as_posix() for path in after if after[path] != before[path]}
+    assert changed == {"cnn/dpsgd/eps1_s0"}
+
+    markdown = build(suite, root, docs, "pytest").read_text()
+    rows = list(csv.DictReader((docs / "leaderboard" / "cells.csv").open()))
+    assert len(rows) == 7
+    for row in rows:
+        if row["status"] == "done":
+            results = json.loads((root / row["cell"] / "results.json").read_text())
+            assert float(row["test_value"]) == results["test_accuracy"]
+            peak = results["peak_memory_mb"]
+            assert row["peak_memory_mb"] == ("" if peak is None else str(peak))
+    rerun = json.loads((root / "cnn/dpsgd/eps1_s0/results.json").read_text())
+    nonprivate = json.loads((root / "cnn/nonprivate/nonprivate_s0/results.json").read_text())
+    table = [line for line in markdown.splitlines() if line.startswith("| DP-SGD |")]
+    assert fmt_value(rerun["test_accuracy"], "accuracy") in table[0]
+    assert any(fmt_value(nonprivate["test_accuracy"], "accuracy") in line for line in markdown.splitlines()
+               if line.startswith("| non-private |"))
+    assert "| JL (r=1) |" in markdown and "cannot reach epsilon 1: " + refused.reason in markdown
+    assert "does not count the tuning" in markdown and "/nonexistent/fashion-mnist does not exist" in markdown
+    assert (docs / "leaderboard" / "headline.png").exists()
+
+
+def test_every_method_gets_the_same_trial_points(tmp_path):
+    suite = _suite(tmp_path, TINY.replace("trials: 1", "trials: 4"))
+    cnn = suite.tasks[0]
+    nonprivate, dpsgd = cnn.methods
+    private_points, public_points = trial_points(cnn, dpsgd, 4), trial_points(cnn, nonprivate, 4)
+    assert [lr for lr, _ in private_points] == [lr for lr, _ in public_points]
+    assert len({lr for lr, _ in private_points}) == 4 and all(0.5 <= lr <= 2.0 for lr, _ in private_points)
+    assert all(0.5 <= clip <= 2.0 for _, clip in private_points) and {c for _, c in public_points} == {None}
+
+
+def test_choice_is_the_best_validation_trial_and_loss_is_minimised(tmp_path):
+    def trial(k: int, value: float, metric: str) -> Cell:
+        cell = Cell("t", "m", "m", "m", "tune", 3.0, 0, k, lr=0.1 * (k + 1), clip_norm=1.0)
+        directory = cell.directory(tmp_path / metric)
+        directory.mkdir(parents=True)
+        write_json_atomic(directory / "cell.json", {**cell.__dict__})
+        write_json_atomic(directory / "results.json", {"test_metric": metric, f"validation_{metric}": value})
+        return cell
+
+    accuracy = [trial(k, v, "accuracy") for k, v in enumerate([0.5, 0.9, 0.7])]
+    loss = [trial(k, v, "loss") for k, v in enumerate([3.0, 2.0, 2.5])]
+    assert choose(accuracy, tmp_path / "accuracy").trial == 1
+    assert choose(loss, tmp_path / "loss").trial == 1
+
+
+def test_pareto_front_keeps_only_undominated_points():
+    points = [(100.0, 0.9, "a"), (50.0, 0.8, "b"), (60.0, 0.7, "c"), (200.0, 0.95, "d")]
+    assert [p[2] for p in pareto(points, maximize=True)] == ["b", "a", "d"]
+    assert [p[2] for p in pareto([(1.0, 3.0, "x"), (2.0, 2.0, "y"), (3.0, 2.5, "z")], maximize=False)] == ["x", "y"]
+
+
+def test_suite_naming_an_unknown_method_is_refused(tmp_path):
+    with pytest.raises(ConfigurationError, match="unknown methods"):
+        _suite(tmp_path, TINY.replace("methods: [nonprivate, dpsgd]}", "methods: [nonprivate, dpsgdd]}"))
