@@ -122,7 +122,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__.strip() + "\n\nusage: python -m dpbench.plan [-m] [--config-dir DIR] [--config-name NAME] "
               "[key=value ...]")
         return 0
-    refused = 0
+    refused = failed = 0
     try:
         hydra = run_and_report(lambda: _hydra(args))
         jobs = run_and_report(lambda: list(job_configs(args, hydra)))
@@ -133,12 +133,15 @@ def main(argv: list[str] | None = None) -> int:
             except ConfigurationError as error:
                 refused += 1
                 print(f"{label}: refused: {error}", flush=True)
+            except Exception as error:  # a plugin's own bug: the other jobs of the grid still get their line
+                failed += 1
+                print(f"{label}: failed: {type(error).__name__}: {error}", flush=True)
     except ConfigurationError as error:
         print(f"dpbench.plan: error: {error}", file=sys.stderr)
         return 2
     finally:
         GlobalHydra.instance().clear()
-    return 2 if refused else 0
+    return 1 if failed else 2 if refused else 0
 
 
 if __name__ == "__main__":
