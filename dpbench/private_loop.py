@@ -110,10 +110,8 @@ class PrivateTraining:
         self.caveat = caveat
         self.physical_batch_size = physical_batch_size
         self.ledger = PrivacyLedger(plan.delta, PrivacyAccountant(eps_error=eps_error))
-
-    @property
-    def steps(self) -> int:
-        return self.ledger.steps
+        self.steps = 0
+        """Logical steps taken (what the ledger holds for a private strategy)."""
 
     @property
     def noise_multiplier(self) -> float | None:
@@ -130,6 +128,7 @@ class PrivateTraining:
         self.strategy.apply_update(self.optimizer)
         if self.plan.private:
             self.ledger.record(self.strategy.step_mechanisms(ctx.step))
+        self.steps += 1
         return output
 
     def epsilon(self) -> PrivacySpent:
