@@ -101,7 +101,13 @@ class PrivatizerStrategy(ABC):
         return [SubsampledGaussian(self.privacy.sampling_rate, self.noise_multiplier)]
 
     def composition(self, noise_multiplier: float, steps: int) -> Composition:
-        """A whole run's composition for base sigma `noise_multiplier`: what calibration searches over."""
+        """A whole run's composition for base sigma `noise_multiplier`: what calibration searches over.
+
+        The contract (checked by dpbench.privatizers.contract before training): a non-empty list of (Mechanism,
+        count) pairs bounding every release of a `steps`-step run, the same mechanisms `step_mechanisms` reports step
+        by step. This default holds only for N(0, (sigma C)^2) added once per step to a sum of per-sample
+        contributions of norm at most C over a Poisson sample at rate q; override it for anything else.
+        """
         return [(SubsampledGaussian(self.privacy.sampling_rate, noise_multiplier), steps)]
 
     def prepare(self, model: nn.Module, steps: int, delta: float, epsilon: float | None, accountant: Any) -> None:
