@@ -338,7 +338,7 @@ def _finish_wandb(loggers: list[Logger], results: dict[str, Any]) -> None:
         if isinstance(logger, WandbLogger):
             metric = results["test_metric"]
             logger.experiment.summary.update({
-                f"best/test_{metric}": results[f"test_{metric}"],
+                f"final/test_{metric}": results[f"test_{metric}"],  # the last model's: no selection on test data
                 "epsilon": results["epsilon"],
                 "peak_memory_mb": results["peak_memory_mb"],
                 "samples_per_s": results["samples_per_s"],

@@ -1,0 +1,44 @@
+"""Inputs a run cannot be honest with are refused up front: exit 2, one line naming the key, nothing written."""
+
+import pytest
+import torch
+
+from tests.cli import FAST, dpbench
+
+REFUSED = [
+    ("physical_batch_size=-1", "physical_batch_size must be a positive micro-batch size"),
+    ("physical_batch_size=0", "physical_batch_size must be a positive micro-batch size"),
+    ("optimizer.lr=nan", "optimizer.lr must be a positive finite learning rate"),
+    ("optimizer.lr=0", "optimizer.lr must be a positive finite learning rate"),
+    ("eval_batch_size=0", "eval_batch_size must be a positive number"),
+    ("max_steps=0", "max_steps must be a positive number of steps"),
+    ("resume=maybe", "resume must be false, true or auto"),
+    ("trainer.checkpoint_every_n_steps=0", "trainer.checkpoint_every_n_steps must be a positive"),
+]
+
+
+def _assert_refused(run, message: str) -> None:
+    assert run.returncode == 2, run.stderr[-2000:]
+    errors = [line for line in run.stderr.splitlines() if line.startswith("dpbench: error:")]
+    assert len(errors) == 1 and message in errors[0], run.stderr[-2000:]
+    assert "Traceback" not in run.stderr
+
+
+@pytest.mark.parametrize("override,message", REFUSED)
+def test_bad_setting_is_refused_in_one_line(tmp_path, override, message):
+    run = dpbench(*FAST, "max_steps=2" if "max_steps" not in override else "epochs=1",
+                  f"hydra.run.dir={tmp_path}", override)  # last: it wins over FAST's eval_batch_size
+    _assert_refused(run, message)
+    assert not (tmp_path / "results.json").exists() and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")
+def test_gpu_accelerator_without_a_gpu_is_refused(tmp_path):
+    _assert_refused(dpbench("trainer.accelerator=gpu", "max_steps=2", f"hydra.run.dir={tmp_path}", *FAST),
+                    "trainer.accelerator=gpu but this machine has no CUDA GPU")
+
+
+def test_unwritable_run_directory_is_refused(tmp_path):
+    (tmp_path / "a_file").write_text("not a directory")
+    _assert_refused(dpbench("max_steps=2", f"hydra.run.dir={tmp_path / 'a_file' / 'run'}", *FAST),
+                    "cannot write the run directory")
