@@ -74,12 +74,6 @@ def test_a_calibration_floor_hit_is_reported_in_the_log_and_results(tmp_path: Pa
     assert "smallest noise multiplier" in log and f"{out['planned_epsilon']:.4g}" in log
 
 
-@pytest.mark.slow
-def test_the_figure4_experiment_plans_a_finite_epsilon_within_its_target():
-    plan = plan_of("+experiment=jl_mnist_cnn").plan
-    assert plan.calibrated and 7.9 <= plan.planned_epsilon <= 8.0
-
-
 def _planned_or_skip(*overrides: str):
     try:
         return plan_of(*overrides).plan
@@ -99,7 +93,8 @@ def test_every_shipped_experiment_plans_a_finite_sensible_epsilon(name):
 @pytest.mark.parametrize("sweep", JL_SWEEPS)
 def test_every_jl_sweep_column_plans_a_finite_epsilon(sweep):
     config = OmegaConf.load(ROOT / "sweeps" / f"{sweep}.yaml")
-    experiment = next(entry["experiment"] for entry in config.defaults if isinstance(entry, dict) and entry)
+    defaults = OmegaConf.to_container(config.defaults)
+    experiment = next(entry["experiment"] for entry in defaults if isinstance(entry, dict) and "experiment" in entry)
     for privatizer in str(config.hydra.sweeper.params.privatizer).split(","):
         plan = _planned_or_skip(f"+experiment={experiment}", f"privatizer={privatizer}")
         assert not plan.private or (math.isfinite(plan.planned_epsilon) and plan.planned_epsilon <= 100.0)
