@@ -93,6 +93,16 @@ def _objective(cfg: DictConfig) -> float | None:
     return objective_value(run_experiment(cfg, run_dir))
 
 
+def _record_refusal(error: ConfigurationError) -> None:
+    """refused.json in the job's directory: the sweep report lists it beside the runs."""
+    from dpbench.results import REFUSED_FILE, write_json_atomic
+
+    hydra_config = HydraConfig.get()
+    overrides = [o for o in hydra_config.overrides.task if not o.startswith("privacy.seed=")]
+    write_json_atomic(Path(hydra_config.runtime.output_dir) / REFUSED_FILE, {"overrides": overrides,
+                                                                              "error": str(error)})
+
+
 register_schemas()
 register_config_groups(config_dir())
 
@@ -103,6 +113,9 @@ def main(cfg: DictConfig) -> float | None:
         return _objective(cfg)
     except ConfigurationError as error:
         print(f"dpbench: error: {error}", file=sys.stderr)
+        if HydraConfig.get().mode == RunMode.MULTIRUN:  # one refused job must not end the sweep: record it
+            _record_refusal(error)
+            return None
         sys.exit(2)
     except RunInterrupted as interrupted:
         print(f"dpbench: {interrupted}", file=sys.stderr)

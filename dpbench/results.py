@@ -9,6 +9,8 @@ from pathlib import Path
 from typing import Any
 
 RESULTS_FILE = "results.json"
+REFUSED_FILE = "refused.json"
+"""What a refused multirun job leaves in its directory (its overrides and the error), so the sweep goes on."""
 
 
 def _json_safe(value: Any) -> Any:

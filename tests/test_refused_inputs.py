@@ -1,5 +1,7 @@
 """Inputs a run cannot be honest with are refused up front: exit 2, one line naming the key, nothing written."""
 
+import json
+
 import pytest
 import torch
 
@@ -42,3 +44,14 @@ def test_unwritable_run_directory_is_refused(tmp_path):
     (tmp_path / "a_file").write_text("not a directory")
     _assert_refused(dpbench("max_steps=2", f"hydra.run.dir={tmp_path / 'a_file' / 'run'}", *FAST),
                     "cannot write the run directory")
+
+
+def test_a_refused_job_does_not_end_its_sweep(tmp_path):
+    run = dpbench("-m", "privatizer=jl_r1,vanilla", "privacy.epsilon=null", "privacy.noise_multiplier=1",
+                  "max_steps=2", f"hydra.sweep.dir={tmp_path}", *FAST)
+    assert run.returncode == 0, run.stderr[-3000:]
+    refused = json.loads(next(tmp_path.rglob("refused.json")).read_text())
+    assert "privatizer=jl_r1" in refused["overrides"] and "privatizer.projections" in refused["error"]
+    ran = json.loads(next(tmp_path.rglob("results.json")).read_text())
+    assert ran["privatizer"] == "vanilla" and ran["steps"] == 2
+    assert "1 job(s) of this sweep were refused" in run.stdout

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import json
 import logging
 from pathlib import Path
 from typing import Any
 
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
+
+from dpbench.results import REFUSED_FILE
 
 log = logging.getLogger(__name__)
 
@@ -17,6 +20,7 @@ class SweepReport(Callback):
         from dpbench.report.build import build_report
 
         sweep_dir = Path(config.hydra.sweep.dir)
+        _print_refusals(sweep_dir)
         try:
             report = build_report([sweep_dir])
         except FileNotFoundError as error:  # every job failed: nothing to summarize
@@ -24,3 +28,13 @@ class SweepReport(Callback):
             return
         print(f"\ndpbench sweep summary ({len(report['rows'])} runs) — {sweep_dir}\n")
         print(report["markdown"].read_text(), flush=True)
+
+
+def _print_refusals(sweep_dir: Path) -> None:
+    refused = sorted(sweep_dir.rglob(REFUSED_FILE))
+    if not refused:
+        return
+    print(f"\ndpbench: {len(refused)} job(s) of this sweep were refused and did not run:", flush=True)
+    for path in refused:
+        record = json.loads(path.read_text())
+        print(f"  {' '.join(record['overrides'])}: {record['error']}", flush=True)
