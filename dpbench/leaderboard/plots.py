@@ -39,6 +39,7 @@ def draw_epsilon(axes, entries: list[Entry], title: str) -> bool:
     budgets = sorted({e.epsilon for e in entries if e.epsilon is not None})
     axes.set_xticks(budgets, [f"{b:g}" for b in budgets])
     axes.minorticks_off()
+    axes.ticklabel_format(axis="y", useOffset=False)
     axes.set_xlabel("epsilon (delta 1e-5)")
     axes.set_ylabel(_axis_label(metric))
     axes.set_title(title, fontsize=9)
@@ -58,17 +59,27 @@ def pareto(points: list[tuple[float, float, str]], maximize: bool) -> list[tuple
 
 
 def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str) -> bool:
-    points = [(entry.cost(cost), entry.mean, entry.label) for entry in entries
-              if entry.mean is not None and entry.cost(cost) is not None]
-    if not points:
+    """Private methods as points, their Pareto front ringed and joined; non-private as a grey reference star."""
+    measured = [e for e in entries if e.mean is not None and e.cost(cost) is not None]
+    if not measured:
         return False
-    metric = next(e.metric for e in entries if e.mean is not None)
+    metric = measured[0].metric
+    points = [(e.cost(cost), e.mean, e.label) for e in measured if e.epsilon is not None]
+    for entry in measured:
+        if entry.epsilon is None:
+            axes.scatter([entry.cost(cost)], [entry.mean], marker="*", s=120, color="grey", zorder=3)
+            axes.annotate(entry.label, (entry.cost(cost), entry.mean), fontsize=7, xytext=(3, 3),
+                          textcoords="offset points")
     for x, y, label in points:
         axes.scatter([x], [y], zorder=3)
         axes.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
     front = pareto(points, maximize=metric != "loss")
-    axes.step([p[0] for p in front], [p[1] for p in front], where="post", color="red", linewidth=1,
-              label="Pareto front")
+    if front:
+        axes.scatter([p[0] for p in front], [p[1] for p in front], s=160, facecolors="none", edgecolors="red",
+                     zorder=4)
+        axes.step([p[0] for p in front], [p[1] for p in front], where="post", color="red", linewidth=1,
+                  label="Pareto front (private methods)")
+    axes.ticklabel_format(axis="y", useOffset=False)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(_axis_label(metric))
     axes.grid(alpha=0.3)

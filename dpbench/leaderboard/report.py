@@ -29,7 +29,7 @@ def record_invocation(root: Path, command: list[str], started: datetime, wall_s:
     path = Path(root) / RUNS_FILE
     runs = json.loads(path.read_text()) if path.exists() else []
     runs.append({"started": started.isoformat(timespec="seconds"), "wall_s": round(wall_s, 1), "command": command,
-                 "machine": machine()})
+                 "machine": machine(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()]})
     path.write_text(json.dumps(runs, indent=2))
 
 
@@ -39,7 +39,12 @@ def machine() -> str:
 
 
 def _invocations(runs: list[dict]) -> str:
-    return ", ".join(f"{run['wall_s']:.0f} s ({run['started']}, `{' '.join(run['command'])}`)" for run in runs)
+    def one(run: dict) -> str:
+        load = run.get("load_average_at_end")
+        return (f"{run['wall_s']:.0f} s ({run['started']}, `{' '.join(run['command'])}`"
+                + (f", load average 1/5/15 min at its end {load}" if load else "") + ")")
+
+    return ", ".join(one(run) for run in runs)
 
 
 def csv_rows(outcomes: list[Outcome], root: Path) -> list[dict]:
@@ -69,11 +74,15 @@ def _order(task: Task, entries: list[Entry]) -> list[Entry]:
     return sorted(entries, key=lambda e: (rank.get(e.variant, (99, 0)), e.epsilon or 0.0))
 
 
-def _cell_text(entry: Entry | None) -> str:
+def _cell_text(entry: Entry | None, notes: list[str]) -> str:
+    """The table's text for one entry; a refusal's reason goes to the numbered notes under the table."""
     if entry is None:
         return "-"
     if entry.refused:
-        return f"cannot reach epsilon {entry.epsilon:g}: {entry.refused}"
+        note = f"cannot reach epsilon {entry.epsilon:g}: {entry.refused}"
+        if note not in notes:
+            notes.append(note)
+        return f"cannot reach epsilon {entry.epsilon:g} [{notes.index(note) + 1}]"
     if entry.mean is not None:
         spread = f" ± {fmt_value(entry.std, entry.metric)}" if entry.std is not None else ""
         text = fmt_value(entry.mean, entry.metric) + spread
@@ -96,21 +105,26 @@ def _task_table(task: Task, entries: list[Entry], tuning: list[Tuning], suite: S
     variants: dict[str, list[Entry]] = {}
     for entry in _order(task, entries):
         variants.setdefault(entry.variant, []).append(entry)
+    notes: list[str] = []
     for _variant, group in variants.items():
         by_eps = {e.epsilon: e for e in group}
         reference = by_eps.get(suite.tune_epsilon) or next((e for e in group if e.mean is not None), group[0])
         if reference.mean is None:
             reference = next((e for e in group if e.mean is not None), reference)
         cost_note = "" if reference.epsilon in (suite.tune_epsilon, None) else f" (at epsilon {reference.epsilon:g})"
-        cells = [_cell_text(by_eps.get(b)) if None not in by_eps else "" for b in suite.budgets]
-        nonprivate = _cell_text(by_eps.get(None)) if None in by_eps else ""
+        cells = [_cell_text(by_eps.get(b), notes) if None not in by_eps else "" for b in suite.budgets]
+        nonprivate = _cell_text(by_eps.get(None), notes) if None in by_eps else ""
+        ran = any(e.values for e in group)  # a rung refused everywhere never used its hyperparameters
+        lr, clip = (reference.lr, reference.clip_norm) if ran else (None, None)
         lines.append(
-            f"| {group[0].label} | {reference.lr:.3g} | {_number(reference.clip_norm, '.3g')} | "
+            f"| {group[0].label} | {_number(lr, '.3g')} | {_number(clip, '.3g')} | "
             + " | ".join(cells) + f" | {nonprivate} | {_number(reference.cost('samples_per_s'), '.0f')} | "
             f"{_number(reference.cost('peak_mb'), '.0f')} | {_number(reference.cost('step_s'), '.3f')} | "
             f"{_number(reference.cost('wall_s'), '.1f')}{cost_note} |"
         )
     lines.append("")
+    if notes:
+        lines += [f"[{i}] {note}" + ("  " if i < len(notes) else "") for i, note in enumerate(notes, 1)] + [""]
     tuned = []
     rank = {entry.variant: i for i, entry in enumerate(_order(task, entries))}
     for record in sorted(tuning, key=lambda r: rank.get(r.variant, len(rank))):
@@ -206,6 +220,9 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
             "![metric vs epsilon, every task](leaderboard/headline.png)", ""]
     claims = check_claims(claim_inputs, suite.budgets, suite.tune_epsilon)
     lines += ["## The papers' headline claims against this table", ""]
+    if suite.profile == "quick":
+        lines += ["The quick profile trains a few steps with one seed: these verdicts exercise the checks, they "
+                  "say nothing about the papers.", ""]
     lines += [f"- {sentence}" for sentence in claims] or ["- No claim can be checked from these cells."]
     lines.append("")
     path = docs / "leaderboard.md"
