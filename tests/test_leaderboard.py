@@ -9,8 +9,9 @@ import pytest
 
 from dpbench.errors import ConfigurationError
 from dpbench.leaderboard import Scheduler, build, load_suite
-from dpbench.leaderboard.cells import Cell, read_outcome
+from dpbench.leaderboard.cells import Cell, read_outcome, run_cell
 from dpbench.leaderboard.claims import fmt_value
+from dpbench.leaderboard.launch import LAUNCHERS
 from dpbench.leaderboard.plots import pareto
 from dpbench.leaderboard.schedule import choose, trial_points
 from dpbench.results import write_json_atomic
@@ -159,3 +160,36 @@ def test_pareto_front_keeps_only_undominated_points():
 def test_suite_naming_an_unknown_method_is_refused(tmp_path):
     with pytest.raises(ConfigurationError, match="unknown methods"):
         _suite(tmp_path, TINY.replace("methods: [nonprivate, dpsgd]}", "methods: [nonprivate, dpsgdd]}"))
+
+
+def test_run_cell_records_outcomes_and_reruns_only_failed_or_edited_cells(tmp_path, monkeypatch):
+    calls = []
+
+    def fake(args: list[str], log: Path, env) -> int:
+        """Stands in for the CLI: exit 2 with dpbench's error line, a crash, or a results.json."""
+        calls.append(args)
+        run_dir = Path(next(a for a in args if a.startswith("hydra.run.dir=")).split("=", 1)[1])
+        if "refuse" in args:
+            log.write_text("noise\ndpbench: error: epsilon=1 is unreachable: raise r\n")
+            return 2
+        if "crash" in args and len(calls) == 1:
+            log.write_text("Traceback ...\nRuntimeError: boom\n")
+            return 1
+        write_json_atomic(run_dir / "results.json", {"test_metric": "accuracy", "test_accuracy": 0.5})
+        log.write_text("ok\n")
+        return 0
+
+    monkeypatch.setitem(LAUNCHERS, "fake", fake)
+
+    def cell(*overrides: str) -> Cell:
+        return Cell("t", "m", "m", "m", "test", 1.0, 0, None, 0.1, 1.0, overrides=list(overrides))
+
+    assert run_cell(cell("crash"), tmp_path, launcher="fake") == "failed"
+    assert read_outcome(cell("crash").directory(tmp_path)).reason == "RuntimeError: boom"
+    assert run_cell(cell("crash"), tmp_path, launcher="fake") == "done"  # a failure is retried
+    assert run_cell(cell("crash"), tmp_path, launcher="fake") == "done" and len(calls) == 2  # a result is kept
+    assert run_cell(cell("edited"), tmp_path, launcher="fake") == "done" and len(calls) == 3  # an edited cell reruns
+    refused = Cell("t", "m", "m", "m", "test", 3.0, 0, None, 0.1, 1.0, overrides=["refuse"])
+    assert run_cell(refused, tmp_path, launcher="fake") == "refused"
+    assert run_cell(refused, tmp_path, launcher="fake") == "refused" and len(calls) == 4  # a refusal is kept
+    assert read_outcome(refused.directory(tmp_path)).reason == "epsilon=1 is unreachable: raise r"
