@@ -36,7 +36,8 @@ def _child(container: dict, run_dir: str, errors: multiprocessing.Queue) -> None
         errors.put(("config", str(error)))
         sys.exit(2)
     except RunInterrupted as interrupted:
-        errors.put(("interrupted", (interrupted.signum, interrupted.step, str(interrupted.checkpoint))))
+        checkpoint = str(interrupted.checkpoint) if interrupted.checkpoint else None
+        errors.put(("interrupted", (interrupted.signum, interrupted.step, checkpoint)))
         sys.exit(interrupted.exit_code)
     except BaseException:
         errors.put(("crash", traceback.format_exc()))
@@ -52,16 +53,19 @@ def _run_in_fresh_process(cfg: DictConfig, run_dir: Path) -> float | None:
     process = context.Process(target=_child, args=(OmegaConf.to_container(cfg, resolve=True), str(run_dir), errors))
     process.start()
     forward = signal.signal(signal.SIGTERM, lambda signum, frame: process.terminate())  # the job checkpoints, stops
+    ignore = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the job itself
     try:
         process.join()
     finally:
         signal.signal(signal.SIGTERM, forward)
+        signal.signal(signal.SIGINT, ignore)
     if process.exitcode != 0:
         kind, message = errors.get(timeout=5) if not errors.empty() else ("crash", f"exit code {process.exitcode}")
         if kind == "config":
             raise ConfigurationError(message)
         if kind == "interrupted":
-            raise RunInterrupted(*message)
+            signum, step, checkpoint = message
+            raise RunInterrupted(signum, step, Path(checkpoint) if checkpoint else None)
         raise RuntimeError(f"the run in {run_dir} failed:\n{message}")
     return objective_value(read_results(run_dir))
 
@@ -74,8 +78,11 @@ def objective_value(results: dict) -> float | None:
 
 
 def _objective(cfg: DictConfig) -> float | None:
+    from dpbench.results import REFUSED_FILE
+
     hydra_config = HydraConfig.get()
     run_dir = Path(hydra_config.runtime.output_dir)
+    (run_dir / REFUSED_FILE).unlink(missing_ok=True)  # an earlier refusal of this job is no longer the news
     if cfg.privacy.get("seed") is not None:
         from dpbench.redaction import redact_saved_configs
 

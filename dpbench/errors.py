@@ -19,13 +19,14 @@ class MissingDataError(ConfigurationError):
 class RunInterrupted(Exception):
     """Training stopped on a signal after writing a checkpoint; `resume=true` continues it."""
 
-    def __init__(self, signum: int, step: int, checkpoint: Path):
+    def __init__(self, signum: int, step: int, checkpoint: Path | None):
         self.signum = signum
         self.step = step
         self.checkpoint = checkpoint
         name = signal.Signals(signum).name
-        super().__init__(f"stopped by {name} after step {step}; checkpoint {checkpoint} (continue with resume=true "
-                         "and the same hydra.run.dir)")
+        where = (f"checkpoint {checkpoint} (continue with resume=true and the same hydra.run.dir)" if checkpoint else
+                 "no checkpoint (trainer.checkpoint=false): nothing to resume")
+        super().__init__(f"stopped by {name} after step {step}; {where}")
 
     @property
     def exit_code(self) -> int:

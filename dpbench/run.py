@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import secrets
+import signal
 import time
 import warnings
 from dataclasses import dataclass
@@ -15,13 +17,14 @@ import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
 from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 from torch import nn
 
 from dpbench.config import Config, check_run_settings, validated
 from dpbench.data import load_data
 from dpbench.data.bundle import DataBundle
-from dpbench.errors import ConfigurationError
+from dpbench.errors import ConfigurationError, RunInterrupted
 from dpbench.models import build_model
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.budget import steps_within_budget
@@ -34,7 +37,7 @@ from dpbench.redaction import public_config
 from dpbench.results import RESULTS_FILE, summary_text, write_json_atomic
 from dpbench.training.callbacks import EpsilonLogger
 from dpbench.training.checkpoint_io import AtomicCheckpointIO
-from dpbench.training.checkpointing import PeriodicCheckpoint
+from dpbench.training.checkpointing import PeriodicCheckpoint, StopSignals
 from dpbench.training.csv_history import HistoryCSVLogger
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
@@ -196,8 +199,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     checkpoint_path = run_dir / CHECKPOINT_DIR / CHECKPOINT_FILE
     resume_from = checkpoint_to_resume(cfg.resume, checkpoint_path)
     saved = read_saved_run(resume_from) if resume_from else None
-    extend = bool(cfg.get("extend_run")) and saved is not None and saved.plan["private"]
-    prepared = prepare_run(_with_saved_noise(cfg, saved) if extend else cfg)
+    extend = bool(cfg.get("extend_run")) and saved is not None
+    prepared = prepare_run(_with_saved_noise(cfg, saved) if extend and saved.plan["private"] else cfg)
     typed, data, datamodule, randomness = prepared.config, prepared.data, prepared.datamodule, prepared.randomness
     strategy, model, plan = prepared.strategy, prepared.model, prepared.plan
     steps, budget_steps, sampling_rate = prepared.steps, prepared.budget_steps, plan.sampling_rate
@@ -217,16 +220,18 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         callbacks.append(EpsilonLogger(ledger))
     wandb_id = _wandb_id(cfg, saved)
     checkpointing = None
+    signals = StopSignals()
     if typed.trainer.checkpoint:
         frozen_plan = {**plan.to_dict(), "calibrated": saved.plan["calibrated"]} if extend else plan.to_dict()
         checkpointing = PeriodicCheckpoint(
-            checkpoint_path, typed.trainer.checkpoint_every_n_steps, typed.trainer.checkpoint_every_minutes,
+            checkpoint_path, typed.trainer.checkpoint_every_n_steps, typed.trainer.checkpoint_every_minutes, signals,
             {"plan": frozen_plan, "config": public_config(cfg), "wandb_id": wandb_id},
         )
         callbacks.append(checkpointing)
     trainer = _trainer(typed, callbacks, _loggers(cfg, run_dir, tags, saved, wandb_id), budget_steps, run_dir)
+    saved_to = checkpoint_path if checkpointing else None
     started = time.perf_counter()
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), signals:
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*TensorBoard.*")
         warnings.filterwarnings("ignore", ".*resuming from a checkpoint that ended before the epoch ended.*")
@@ -238,12 +243,18 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
                 f"(and the privacy guarantee) and run it in micro-batches: physical_batch_size="
                 f"{max(1, typed.batch_size // 4)} (noise is still added once per logical batch)"
             ) from None
+        except SIGTERMException:  # Lightning's own SIGTERM exit (code 0) after our checkpoint at the epoch's end
+            raise RunInterrupted(signal.SIGTERM, trainer.global_step, saved_to) from None
         wall = time.perf_counter() - started
+        signals.stop_if_received(trainer.global_step, saved_to)
         tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
         validated_metrics = trainer.validate(module, datamodule=datamodule, verbose=False)[0] if data.validation else {}
+        signals.stop_if_received(trainer.global_step, saved_to)
     loggers = trainer.loggers
 
     report = ledger.epsilon() if plan.private else None
+    if report and (not ledger.epsilon_history or ledger.epsilon_history[-1][0] != ledger.steps):
+        ledger.epsilon_history.append((ledger.steps, report.epsilon))  # resumed past its last epoch's end
     metric = module.task.metric_name
     memory = profiler.memory
     results: dict[str, Any] = {
@@ -267,7 +278,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "train_size": len(data.train),
         "test_size": len(data.test),
         "steps": ledger.steps if plan.private else trainer.global_step,
-        "epochs": trainer.current_epoch,
+        "epochs": math.ceil(trainer.global_step / datamodule.steps_per_epoch),  # also right after a resume
         "test_metric": metric,
         f"test_{metric}": float(tested[f"test/{metric}"]),
         "test_loss": float(tested["test/loss"]),
@@ -297,6 +308,9 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     results["privacy_seed"] = "explicit (secret, not recorded)" if randomness.explicit else "drawn from the OS"
     results["outside_guarantee"] = _outside_guarantee(typed, plan.private)
     results["resumed_from_step"] = saved.step if saved else None
+    if saved:
+        results["profile_note"] = (f"samples_per_s, step_time_s, train_time_s and peak memory cover this process only: "
+                                   f"the steps after {saved.step}")
     if extend:
         results["extended_run"] = _extension_report(saved, results["epsilon"])
     if checkpointing is not None and checkpointing.save_seconds:
@@ -314,6 +328,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
 def _extension_report(saved: SavedRun, epsilon: float) -> dict[str, Any]:
     """extend_run: the schedule grew at the checkpoint's sigma, so the original target may be exceeded."""
     target = saved.config.get("privacy", {}).get("epsilon") if saved.plan["calibrated"] else None
+    if not saved.plan["private"]:
+        return {"planned_steps_before": saved.plan["steps"]}
     return {
         "planned_steps_before": saved.plan["steps"],
         "noise_multiplier": saved.plan["noise_multiplier"],

@@ -6,6 +6,7 @@ history all equal the uninterrupted run's.
 """
 
 import csv
+import json
 import os
 import re
 import signal
@@ -26,10 +27,15 @@ ARGS = [  # explicit privacy seed: reproducible, so the resumed weights can be c
 ]
 
 
-def _history(run_dir: Path) -> list[tuple[str, str]]:
-    """The CSV's per-step training rows: (step, realised batch size), in file order."""
+def _history(run_dir: Path) -> list[dict[str, str]]:
+    """The CSV's rows in file order (training, per-epoch evaluation and epsilon), without the timing columns."""
     with (run_dir / "csv" / "metrics.csv").open(newline="") as handle:
-        return [(row["step"], row["train/batch_size"]) for row in csv.DictReader(handle) if row["train/batch_size"]]
+        return [{key: value for key, value in row.items() if not key.startswith("profile/")}
+                for row in csv.DictReader(handle)]
+
+
+def _steps_logged(run_dir: Path) -> int:
+    return max(int(row["step"]) for row in _history(run_dir) if row["train/batch_size"]) + 1
 
 
 def _checkpoint_steps(run_dir: Path) -> list[int]:
@@ -87,15 +93,19 @@ def _assert_resumes_to_reference(run_dir: Path, reference: Path, killed_at: int)
     assert got["test_accuracy"] == expected["test_accuracy"]
     assert torch.equal(final_weights(run_dir), final_weights(reference))
     assert _history(run_dir) == _history(reference)  # kept, appended, never duplicated or lost
+    ledger, expected_ledger = (json.loads((d / "privacy_ledger.json").read_text()) for d in (run_dir, reference))
+    assert ledger == expected_ledger  # every step accounted once, every epoch's epsilon entry present
 
 
-def test_sigkill_mid_training_resumes_to_the_uninterrupted_run(tmp_path, reference):
-    process = _start(tmp_path)
+@pytest.mark.parametrize("cadence", [4, 10], ids=["mid-epoch", "epoch-end"])
+def test_sigkill_mid_training_resumes_to_the_uninterrupted_run(tmp_path, reference, cadence):
+    """Epochs have 10 steps: a cadence of 4 checkpoints mid-epoch (and at step 20), of 10 at epoch ends only."""
+    process = _start(tmp_path, f"trainer.checkpoint_every_n_steps={cadence}")
     _wait_for_checkpoint(process, tmp_path, after_step=8)
     time.sleep(0.3)  # let it run past the checkpoint: those steps must run again, identically
     process.kill()
     process.wait()
-    steps_reached = max(int(step) for step, _ in _history(tmp_path)) + 1
+    steps_reached = _steps_logged(tmp_path)
     print(f"SIGKILL after step {steps_reached} (last checkpoint at step {_checkpoint_steps(tmp_path)[-1]})")
     assert steps_reached < STEPS
     _assert_resumes_to_reference(tmp_path, reference, steps_reached)
@@ -138,6 +148,20 @@ def test_corrupt_checkpoint_is_one_clear_line_and_changes_nothing(tmp_path, cont
     assert len(error_lines) == 1 and "last.ckpt cannot be read" in error_lines[0], run.stderr[-2000:]
     assert "Traceback" not in run.stderr
     assert history.read_text() == "epoch,step,train/batch_size\n0,0,411\n"
+
+
+def test_a_changed_run_is_refused_and_changes_nothing(tmp_path):
+    short = dpbench("epochs=2", "batch_size=500", "privacy.seed=5", f"hydra.run.dir={tmp_path}", *FAST)
+    assert short.returncode == 0, short.stderr[-2000:]
+    planned, history = results(tmp_path), (tmp_path / "csv" / "metrics.csv").read_bytes()
+    for change, named in [("privatizer=d2p_sgd", "privatizer.name: vanilla -> d2p_sgd"),
+                          ("privacy.epsilon=8", "privacy.epsilon: 3.0 -> 8"),
+                          ("privacy.seed=6", "privacy.seed")]:  # the last is refused while restoring the checkpoint
+        refused = dpbench("epochs=2", "batch_size=500", "privacy.seed=5", change, "resume=true",
+                          f"hydra.run.dir={tmp_path}", *FAST)
+        assert refused.returncode == 2, refused.stderr[-2000:]
+        assert named in refused.stderr and "Traceback" not in refused.stderr, refused.stderr[-2000:]
+        assert (tmp_path / "csv" / "metrics.csv").read_bytes() == history and results(tmp_path) == planned
 
 
 def test_a_changed_schedule_is_refused_unless_the_run_is_extended(tmp_path):

@@ -16,14 +16,26 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 
 class _ContinuedWriter(ExperimentWriter):
+    """Touches an existing history only when the resumed run writes its first row, i.e. after the checkpoint was
+    restored: a resume refused while restoring leaves the file as it was."""
+
     def __init__(self, log_dir: str, keep_before_step: int | None):
         self.keep_before_step = keep_before_step
         super().__init__(log_dir)
 
     def _check_log_dir_exists(self) -> None:
-        path = Path(self.metrics_file_path)
-        if self.keep_before_step is None or not path.is_file():
+        if self.keep_before_step is None:
             super()._check_log_dir_exists()
+
+    def save(self) -> None:
+        if self.metrics and self.keep_before_step is not None:
+            self._continue_history()
+            self.keep_before_step = None
+        super().save()
+
+    def _continue_history(self) -> None:
+        path = Path(self.metrics_file_path)
+        if not path.is_file():
             return
         with path.open(newline="") as file:
             reader = csv.DictReader(file)

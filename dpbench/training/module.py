@@ -75,7 +75,8 @@ class DPModule(L.LightningModule):
         self.samples_seen += int(output.stats.get("batch_size", 0))
         if not self.train_stats:  # noise-free statistics of private data: outside the guarantee
             return
-        self.log("train/loss", output.loss, on_step=True, on_epoch=True, batch_size=1)
+        # per step only: an epoch mean's accumulator is not in the checkpoint, so a mid-epoch resume would skew it
+        self.log("train/loss", output.loss, on_step=True, on_epoch=False, batch_size=1)
         for key, value in output.stats.items():
             self.log(f"train/{key}", value, on_step=True, on_epoch=False, batch_size=1)
 

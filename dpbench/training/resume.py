@@ -18,10 +18,12 @@ import torch
 from dpbench.errors import ConfigurationError
 from dpbench.training.checkpointing import RUN_STATE_KEY
 
-RESUME_MODES = {False: "false", True: "true", "false": "false", "true": "true", "auto": "auto"}
+RESUME_MODES = {"false": "false", "true": "true", "auto": "auto"}
 PLAN_KEYS = ("private", "sampling", "sampling_rate", "steps", "delta", "clip_norm", "noise_multiplier", "calibrated")
 CONFIG_KEYS_IGNORED = ("resume", "extend_run", "trainer", "logger", "profiler", "eval_batch_size",
-                       "physical_batch_size")
+                       "physical_batch_size", "experiment_name")
+"""Top-level config keys a resume may change: they do not touch the model, the data or the privacy mechanism."""
+SCHEDULE_KEYS = ("epochs", "max_steps")
 
 
 @dataclass
@@ -38,7 +40,8 @@ class SavedRun:
 
 
 def resume_mode(value: Any) -> str:
-    mode = RESUME_MODES.get(value.lower() if isinstance(value, str) else value)
+    key = str(value).lower() if isinstance(value, bool) else value.lower() if isinstance(value, str) else None
+    mode = RESUME_MODES.get(key)
     if mode is None:
         raise ConfigurationError(f"resume must be false, true or auto, got {value!r}")
     return mode
@@ -107,24 +110,30 @@ def _same(old: Any, new: Any) -> bool:
 
 
 def check_resume(saved: SavedRun, plan: dict[str, Any], config: dict[str, Any], extend: bool) -> None:
-    """Refuse a resume whose privacy plan differs from the checkpoint's, naming the config keys that changed."""
+    """Refuse a resume that changes the privacy plan or any config key of the model, data, privatizer, optimizer or
+    privacy (only the schedule may grow, with extend_run), naming what changed."""
     differing = [key for key in PLAN_KEYS if not _same(saved.plan.get(key), plan.get(key))]
+    changed = changed_config_keys(saved.config, config)
     if extend:
-        if "steps" in differing and plan["steps"] < saved.plan["steps"]:
+        if plan["steps"] < saved.plan["steps"]:
             raise ConfigurationError(
                 f"extend_run=true shortens the run ({saved.plan['steps']} -> {plan['steps']} planned steps): "
                 "extend_run only lengthens it"
             )
         differing = [key for key in differing if key not in ("steps", "calibrated")]
-    if not differing:
+        changed = [change for change in changed if change.split(":")[0] not in SCHEDULE_KEYS]
+    if not differing and not changed:
         return
-    plan_changes = ", ".join(f"{key} {saved.plan.get(key)} -> {plan.get(key)}" for key in differing)
-    keys = "; ".join(changed_config_keys(saved.config, config)) or "none (the data or privatizer changed)"
+    plan_changes = ", ".join(f"{key} {saved.plan.get(key)} -> {plan.get(key)}" for key in differing) or "unchanged"
+    schedule_only = set(differing) <= {"steps", "calibrated", "noise_multiplier"} and all(
+        change.split(":")[0] in SCHEDULE_KEYS or change.startswith("privacy.noise_multiplier") for change in changed
+    )
     hint = (
-        "resume with the checkpoint's config" if "steps" not in differing else
         "resume with the checkpoint's schedule, or add extend_run=true to continue at the checkpoint's noise "
-        "multiplier (results.json then reports the larger epsilon spent)"
+        "multiplier (results.json then reports the larger epsilon spent)" if schedule_only and not extend else
+        "resume with the checkpoint's config, or start a new run in another hydra.run.dir"
     )
     raise ConfigurationError(
-        f"resume changes the privacy plan of {saved.path} ({plan_changes}); changed config keys: {keys}. {hint}"
+        f"resume would change the run in {saved.path}: changed config keys: {'; '.join(changed) or 'none'}; "
+        f"privacy plan: {plan_changes}. {hint}"
     )
