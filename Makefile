@@ -41,7 +41,7 @@ leaderboard: install
 	$(BIN)/python -m dpbench.leaderboard $(ARGS)
 
 lint: install
-	$(BIN)/ruff check dpbench tests benchmarks
+	$(BIN)/ruff check dpbench tests benchmarks examples
 
 clean:
 	rm -rf $(VENV) outputs multirun
