@@ -99,7 +99,7 @@ class Scheduler:
             for method in task.methods:
                 self.run_method(task, method)
 
-    def _tune(self, task: Task, method: Method) -> tuple[Variant, Cell] | None:
+    def _tune(self, task: Task, method: Method) -> Cell | None:
         """Trials of the first rung that can run at tune_epsilon; its best trial (None if nothing could run)."""
         epsilon = self.suite.tune_epsilon if method.private else None
         points = trial_points(task, method, self.suite.trials)
@@ -110,17 +110,13 @@ class Scheduler:
                 continue
             for cell in cells[1:]:
                 self._run(cell)
-            if self.dry_run:
-                return variant, cells[0]
-            chosen = choose(cells, self.root)
-            return (variant, chosen) if chosen else None
+            return cells[0] if self.dry_run else choose(cells, self.root)
         return None
 
     def run_method(self, task: Task, method: Method) -> None:
-        tuned = self._tune(task, method)
-        if tuned is None:
+        chosen = self._tune(task, method)
+        if chosen is None:
             return
-        _, chosen = tuned
         for epsilon in self.suite.budgets if method.private else [None]:
             kept = 0
             for variant in method.variants():
