@@ -2,12 +2,13 @@
 
 Both run dpbench's own CLI entry point (Hydra, the exit code 2 of a refused configuration, results.json) in a
 process of its own, so a cell's peak memory is its own. `fork` skips the interpreter start and the imports of
-torch, Lightning and Hydra (about 10 s of CPU per cell here), which is most of a short cell's cost; the parent
-imports them once and never runs a tensor op or touches CUDA, so the children start from a clean state.
+torch, Lightning and Hydra (about 10 s of CPU per cell here), which is most of a short cell's cost: a fork server
+imports them once and runs nothing else, so the children start from a clean state.
 """
 
 from __future__ import annotations
 
+import multiprocessing
 import os
 import subprocess
 import sys
@@ -48,27 +49,23 @@ def _child(args: list[str], log: Path, env: dict[str, str] | None) -> int:
     return 0
 
 
-def launch_fork(args: list[str], log: Path, env: dict[str, str] | None) -> int:
-    """The same CLI run in a forked child of this (already warm) interpreter; its exit code."""
-    import dpbench.cli  # noqa: F401  (imported once here, inherited by every child)
-    import dpbench.run  # noqa: F401
+def _forked_cell(args: list[str], log: str, env: dict[str, str] | None) -> None:
+    sys.exit(_child(args, Path(log), env))
 
-    sys.stdout.flush()
-    sys.stderr.flush()
-    pid = os.fork()
-    if pid == 0:
-        code = 1
-        try:
-            code = _child(args, log, env)
-        finally:
-            sys.stdout.flush()
-            sys.stderr.flush()
-            os._exit(code)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status)
+
+def launch_fork(args: list[str], log: Path, env: dict[str, str] | None) -> int:
+    """The same CLI run forked from multiprocessing's fork server: a fresh interpreter that imports dpbench once
+    and runs nothing else. Forking the caller itself can deadlock the child on a lock another thread held at the
+    fork (torch's thread pools in a test process did)."""
+    context = multiprocessing.get_context("forkserver")
+    context.set_forkserver_preload(["dpbench.cli", "dpbench.run"])
+    process = context.Process(target=_forked_cell, args=(args, str(log), env))
+    process.start()
+    process.join()
+    return process.exitcode
 
 
 LAUNCHERS: dict[str, Launcher] = {"subprocess": launch_subprocess}
-if hasattr(os, "fork"):
+if "forkserver" in multiprocessing.get_all_start_methods():
     LAUNCHERS["fork"] = launch_fork
 DEFAULT_LAUNCHER = "fork" if "fork" in LAUNCHERS else "subprocess"
