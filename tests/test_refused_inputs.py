@@ -4,18 +4,27 @@ import json
 
 import pytest
 import torch
+from hydra import compose, initialize_config_dir
 
+from dpbench.cli import config_dir
+from dpbench.config import Config, check_run_settings, register_schemas, validated
+from dpbench.errors import ConfigurationError
 from tests.cli import FAST, dpbench
 
 REFUSED = [
     ("physical_batch_size=-1", "physical_batch_size must be a positive micro-batch size"),
-    ("physical_batch_size=0", "physical_batch_size must be a positive micro-batch size"),
     ("optimizer.lr=nan", "optimizer.lr must be a positive finite learning rate"),
-    ("optimizer.lr=0", "optimizer.lr must be a positive finite learning rate"),
     ("eval_batch_size=0", "eval_batch_size must be a positive number"),
-    ("max_steps=0", "max_steps must be a positive number of steps"),
     ("resume=maybe", "resume must be false, true or auto"),
+]
+REFUSED_BY_THE_SCHEMA_CHECK = [  # the same check as above, without a process each
+    ("physical_batch_size=0", "physical_batch_size must be a positive micro-batch size"),
+    ("optimizer.lr=0", "optimizer.lr must be a positive finite learning rate"),
+    ("optimizer.lr=inf", "optimizer.lr must be a positive finite learning rate"),
+    ("max_steps=0", "max_steps must be a positive number of steps"),
+    ("max_steps=null epochs=0", "epochs must be a positive number of epochs"),
     ("trainer.checkpoint_every_n_steps=0", "trainer.checkpoint_every_n_steps must be a positive"),
+    ("trainer.checkpoint_every_minutes=-1", "trainer.checkpoint_every_minutes must be a positive"),
 ]
 
 
@@ -32,6 +41,15 @@ def test_bad_setting_is_refused_in_one_line(tmp_path, override, message):
                   f"hydra.run.dir={tmp_path}", override)  # last: it wins over FAST's eval_batch_size
     _assert_refused(run, message)
     assert not (tmp_path / "results.json").exists() and not (tmp_path / "checkpoints").exists()
+
+
+@pytest.mark.parametrize("overrides,message", REFUSED_BY_THE_SCHEMA_CHECK)
+def test_bad_setting_is_refused_by_the_run_settings_check(overrides, message):
+    register_schemas()
+    with initialize_config_dir(config_dir(), version_base="1.3"):
+        cfg = compose("config", overrides=overrides.split())
+    with pytest.raises(ConfigurationError, match=message):
+        check_run_settings(validated(Config, cfg, "top-level"))
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="needs a machine without a GPU")

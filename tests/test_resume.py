@@ -155,7 +155,6 @@ def test_a_changed_run_is_refused_and_changes_nothing(tmp_path):
     assert short.returncode == 0, short.stderr[-2000:]
     planned, history = results(tmp_path), (tmp_path / "csv" / "metrics.csv").read_bytes()
     for change, named in [("privatizer=d2p_sgd", "privatizer.name: vanilla -> d2p_sgd"),
-                          ("privacy.epsilon=8", "privacy.epsilon: 3.0 -> 8"),
                           ("privacy.seed=6", "privacy.seed")]:  # the last is refused while restoring the checkpoint
         refused = dpbench("epochs=2", "batch_size=500", "privacy.seed=5", change, "resume=true",
                           f"hydra.run.dir={tmp_path}", *FAST)
@@ -183,6 +182,7 @@ def test_a_changed_schedule_is_refused_unless_the_run_is_extended(tmp_path):
     assert got["epsilon"] > 3.0 and got["extended_run"]["target_exceeded"] is True
 
 
+@pytest.mark.slow  # W&B's offline init costs ~10 s per run
 def test_resume_continues_the_same_wandb_run(tmp_path):
     env = {"WANDB_MODE": "offline"}
     first = dpbench("max_steps=3", "epochs=1", f"hydra.run.dir={tmp_path}", *FAST, env=env)

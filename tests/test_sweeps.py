@@ -20,6 +20,7 @@ def test_expected_sweeps_exist():
     assert {"compare_privatizers", "optuna_lr_clip", "slurm"} <= set(SWEEPS)
 
 
+@pytest.mark.slow  # the README test composes the sweep; this runs it (30 s)
 def test_optuna_sweep_runs_and_returns_the_validation_metric(tmp_path: Path):
     run = dpbench("-m", "--config-dir", "sweeps", "--config-name", "optuna_lr_clip", "hydra.sweeper.n_trials=2",
                   "max_steps=3", "batch_size=100", "trainer.checkpoint=false", f"hydra.sweep.dir={tmp_path}", *FAST)
