@@ -33,6 +33,7 @@ from dpbench.privatizers.base import PrivatizerStrategy as _Base
 from dpbench.tasks import Batch, ClassificationTask, Task
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
+from dpbench.training.step import private_step
 
 NON_POISSON_CAVEAT = ("fixed-size shuffled batches accounted as Poisson sampling at q = batch_size / N, which such "
                       "batches do not strictly satisfy")
@@ -122,12 +123,9 @@ class PrivateTraining:
             raise ConfigurationError(f"the noise was calibrated to privacy.epsilon for {self.plan.steps} steps; step "
                                      f"{self.steps + 1} would spend more: plan more steps in make_private")
         self.model.train()
-        self.optimizer.zero_grad(set_to_none=True)
         ctx = StepContext(self.steps, self.expected_batch_size, self.physical_batch_size)
-        output = self.strategy.privatize(self.model, self.task, tuple(batch), ctx)  # type: ignore[arg-type]
-        self.strategy.apply_update(self.optimizer)
-        if self.plan.private:
-            self.ledger.record(self.strategy.step_mechanisms(ctx.step))
+        output = private_step(self.strategy, self.model, self.task, self.optimizer, self.ledger,
+                              tuple(batch), ctx)  # type: ignore[arg-type]
         self.steps += 1
         return output
 

@@ -14,6 +14,7 @@ from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privatizers import distributed
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.tasks import Batch, Task
+from dpbench.training.step import private_step
 
 
 class DPModule(L.LightningModule):
@@ -65,13 +66,8 @@ class DPModule(L.LightningModule):
         return self.strategy.configure_optimizer(self.model, self.optimizer_config)
 
     def training_step(self, batch: Batch, batch_idx: int) -> None:
-        optimizer = self.optimizers()
-        optimizer.zero_grad(set_to_none=True)
-        step = self.ledger.steps
-        ctx = StepContext(step, self.expected_batch_size, self.physical_batch_size)
-        output = self.strategy.privatize(self.model, self.task, batch, ctx)
-        self.strategy.apply_update(optimizer)
-        self.ledger.record(self.strategy.step_mechanisms(step))
+        ctx = StepContext(self.ledger.steps, self.expected_batch_size, self.physical_batch_size)
+        output = private_step(self.strategy, self.model, self.task, self.optimizers(), self.ledger, batch, ctx)
         self.samples_seen += int(output.stats.get("batch_size", 0))
         if not self.train_stats:  # noise-free statistics of private data: outside the guarantee
             return
