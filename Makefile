@@ -29,8 +29,10 @@ $(STAMP): pyproject.toml
 run: install
 	$(BIN)/python -m dpbench $(ARGS)
 
+# The tests run on every core (pytest-xdist); TEST_WORKERS=0 runs them in this process.
+TEST_WORKERS ?= auto
 test: install
-	WANDB_MODE=disabled $(BIN)/python -m pytest -q $(PYTEST_ARGS)
+	WANDB_MODE=disabled $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist worksteal $(PYTEST_ARGS)
 
 bench: install
 	$(BIN)/pip install -q -e ".[bench]"
