@@ -8,6 +8,7 @@ from omegaconf import OmegaConf
 from dpbench.data.bundle import DataBundle, TensorSplit
 from dpbench.errors import ConfigurationError, MissingDataError, UnsupportedModelError
 from dpbench.models import build_model
+from dpbench.models.hf import freeze_parameters
 from dpbench.privatizers.per_sample import HookEngine, make_engine
 from dpbench.tasks import ClassificationTask
 from tests.transformer_models import TRANSFORMERS, bert, single
@@ -78,6 +79,30 @@ def test_minilm_is_fine_tuned_from_the_bundled_checkpoint_on_hf_tokenized_text()
     assert sum(p.numel() for p in model.parameters()) > 22_000_000
     assert isinstance(make_engine(model).engine, HookEngine)
     assert TASK.per_sample_loss(model, data.train[0]).shape == (1,)
+    frozen = build_model(OmegaConf.create({"name": "minilm", "pretrained": "minilm", "freeze": ["bert.embeddings"]}),
+                         data)
+    trainable = sum(p.numel() for p in frozen.parameters() if p.requires_grad)
+    assert 10_000_000 < trainable < 11_000_000  # the six layers, pooler and head; the 11.9M embeddings are fixed
+
+
+def test_frozen_parameters_get_no_per_sample_gradient_and_others_still_match_the_loop():
+    torch.manual_seed(0)
+    model = bert()
+    prefixes = ["model.bert.embeddings", "model.bert.encoder.layer.0.attention"]
+    freeze_parameters(model, prefixes)
+    frozen = {n for n, p in model.named_parameters() if not p.requires_grad}
+    assert frozen and all(n.startswith(tuple(f"{prefix}." for prefix in prefixes)) for n in frozen)
+    batch = TRANSFORMERS["bert"][1]()
+    per_sample = HookEngine(model).per_sample_gradients(TASK, batch)
+    assert set(per_sample) == {n for n, p in model.named_parameters() if p.requires_grad}
+    for i, expected in enumerate(loop_gradients(model, batch)):
+        for name in per_sample:
+            torch.testing.assert_close(per_sample[name][i], expected[name], atol=1e-5, rtol=1e-4)
+
+
+def test_a_freeze_prefix_that_names_nothing_is_refused_with_the_model_s_modules():
+    with pytest.raises(ConfigurationError, match=r"model.freeze: 'model.bert.embedings' names no parameter.*bert"):
+        freeze_parameters(bert(), ["model.bert.embedings"])
 
 
 @pytest.mark.slow

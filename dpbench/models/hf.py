@@ -9,7 +9,7 @@ attention_mask) to logits, and passes explicit per-sample position ids where a m
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,9 @@ class TextTransformerConfig:
     intermediate_size: int = 128
     max_positions: int = 514
     dropout: float = 0.1
+    freeze: list[str] = field(default_factory=list)
+    """Parameter-name prefixes kept fixed (e.g. [bert.embeddings] for MiniLM): the usual cheaper private fine-tuning,
+    as their per-sample gradients are neither formed nor noised."""
 
 
 class ImageClassifier(nn.Module):
@@ -159,12 +162,27 @@ def _text_data(data: DataBundle, model_name: str) -> None:
         )
 
 
+def freeze_parameters(model: nn.Module, prefixes: list[str]) -> None:
+    """Fix every parameter whose name starts with one of `prefixes`; a prefix that names nothing is a typo."""
+    names = [name for name, _ in model.named_parameters()]
+    for prefix in prefixes:
+        matched = [name for name in names if name == prefix or name.startswith(prefix + ".")]
+        if not matched:
+            roots = sorted({".".join(name.split(".")[:2]) for name in names})
+            raise ConfigurationError(f"model.freeze: {prefix!r} names no parameter of the model; its modules begin "
+                                     f"with {', '.join(roots)}")
+        for name, param in model.named_parameters():
+            if name in matched:
+                param.requires_grad_(False)
+
+
 def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> nn.Module:
     from transformers import AutoModelForSequenceClassification, OPTConfig, RobertaConfig
 
     _text_data(data, kind)
     if config.pretrained:
         model = load_pretrained(AutoModelForSequenceClassification, config.pretrained, num_labels=data.num_classes)
+        freeze_parameters(model, config.freeze)
         return SequenceClassifier(model, explicit_positions=model.config.model_type in EXPLICIT_POSITIONS)
     if not config.tokenizer.startswith("hf:"):
         raise ConfigurationError(f"model.tokenizer must be hf:NAME, got {config.tokenizer!r}")
@@ -183,6 +201,7 @@ def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> n
             word_embed_proj_dim=config.hidden_size, dropout=config.dropout, attention_dropout=config.dropout,
         )
     model = AutoModelForSequenceClassification.from_config(model_config)
+    freeze_parameters(model, config.freeze)
     return SequenceClassifier(model, explicit_positions=False)
 
 
