@@ -193,3 +193,48 @@ def test_run_cell_records_outcomes_and_reruns_only_failed_or_edited_cells(tmp_pa
     assert run_cell(refused, tmp_path, launcher="fake") == "refused"
     assert run_cell(refused, tmp_path, launcher="fake") == "refused" and len(calls) == 4  # a refusal is kept
     assert read_outcome(refused.directory(tmp_path)).reason == "epsilon=1 is unreachable: raise r"
+
+
+def _holders(path: Path) -> list[int]:
+    """Processes that hold `path` open (Linux /proc)."""
+    holders = []
+    for fd in Path("/proc").glob("[0-9]*/fd/*"):
+        try:
+            if Path(os.readlink(fd)) == path:
+                holders.append(int(fd.parts[2]))
+        except OSError:
+            continue
+    return holders
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="reads /proc")
+def test_a_stopped_suite_stops_its_running_cell_and_the_next_invocation_reruns_it(tmp_path):
+    """SIGTERM (a time limit, `kill`) to the leaderboard: exit 143 and no cell left training behind its back."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    long = TINY.replace("batch_size=100, max_steps=3]", "batch_size=100, max_steps=100000]", 1)
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(long.replace("cnn: {methods: [nonprivate, dpsgd]}", "cnn: {methods: [nonprivate]}"))
+    root = tmp_path / "cells"
+    command = [sys.executable, "-m", "dpbench.leaderboard", "--suite", str(suite), "--profile", "tiny", "--root",
+               str(root), "--docs", str(tmp_path / "docs")]
+    leaderboard = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    log = root / "cnn/nonprivate/tune_nonprivate_t0/cell.log"
+    deadline = time.monotonic() + 240
+    while "TPU available" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
+        assert leaderboard.poll() is None, leaderboard.communicate()
+        time.sleep(0.5)
+    time.sleep(2)  # into training
+    assert _holders(log.resolve()), "the cell is not running"
+    leaderboard.send_signal(signal.SIGTERM)
+    _, stderr = leaderboard.communicate(timeout=60)
+    assert leaderboard.returncode == 143, stderr
+    assert "run the same command again to continue" in stderr
+    deadline = time.monotonic() + 30
+    while _holders(log.resolve()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not _holders(log.resolve()), "the cell went on training after the suite stopped"
+    assert read_outcome(log.parent).status not in ("done", "refused")  # so the next invocation runs it again

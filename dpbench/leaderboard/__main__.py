@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import signal
 import sys
 import time
 from datetime import datetime, timezone
@@ -14,6 +15,14 @@ from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, LAUNCHERS
 from dpbench.leaderboard.report import build, record_invocation
 from dpbench.leaderboard.schedule import Scheduler
 from dpbench.leaderboard.suite import load_suite
+
+STOPPED = 128 + signal.SIGTERM
+
+
+def _stop(signum: int, frame: object) -> None:
+    """SIGTERM (a batch system's time limit, `kill`) unwinds like Ctrl-C, so that the running cell is stopped too."""
+    raise SystemExit(STOPPED)
+
 
 NOTE = ("Note: each run's epsilon does not count the tuning trials; selecting hyperparameters on private data "
         "spends privacy that the leaderboard does not include.")
@@ -56,7 +65,13 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         print(NOTE, flush=True)
         started, clock = datetime.now(timezone.utc), time.perf_counter()
-        Scheduler(suite, root, launcher=args.launcher).run()
+        signal.signal(signal.SIGTERM, _stop)
+        try:
+            Scheduler(suite, root, launcher=args.launcher).run()
+        except (KeyboardInterrupt, SystemExit) as stop:
+            print(f"dpbench.leaderboard: stopped; the finished cells are kept under {root}: run the same command "
+                  f"again to continue", file=sys.stderr)
+            return STOPPED if isinstance(stop, SystemExit) else 130
         record_invocation(root, command, started, time.perf_counter() - clock)
     path = build(suite, root, args.docs, " ".join(command))
     print(f"wrote {path}\n{NOTE}")

@@ -61,7 +61,12 @@ def launch_fork(args: list[str], log: Path, env: dict[str, str] | None) -> int:
     context.set_forkserver_preload(["dpbench.cli", "dpbench.run"])
     process = context.Process(target=_forked_cell, args=(args, str(log), env))
     process.start()
-    process.join()
+    try:
+        process.join()
+    finally:  # the suite was stopped: its cell, a child of the fork server and not of the suite, stops with it
+        if process.is_alive():
+            process.terminate()
+            process.join()
     return process.exitcode
 
 
