@@ -208,33 +208,75 @@ def _holders(path: Path) -> list[int]:
 
 
 @pytest.mark.skipif(not Path("/proc/self/fd").exists(), reason="reads /proc")
-def test_a_stopped_suite_stops_its_running_cell_and_the_next_invocation_reruns_it(tmp_path):
-    """SIGTERM (a time limit, `kill`) to the leaderboard: exit 143 and no cell left training behind its back."""
+@pytest.mark.parametrize("jobs", ["1", "2"])
+def test_a_stopped_suite_stops_its_running_cells_and_the_next_invocation_reruns_them(tmp_path, jobs):
+    """SIGTERM (a time limit, `kill`) to the leaderboard: exit 143 and no cell left training behind its back, also
+    with two pipelines running at once."""
     import signal
     import subprocess
     import sys
     import time
 
-    long = TINY.replace("batch_size=100, max_steps=3]", "batch_size=100, max_steps=100000]", 1)
     suite = tmp_path / "suite.yaml"
-    suite.write_text(long.replace("cnn: {methods: [nonprivate, dpsgd]}", "cnn: {methods: [nonprivate]}"))
+    suite.write_text(TINY.replace("batch_size=100, max_steps=3]", "batch_size=100, max_steps=100000]", 1))
     root = tmp_path / "cells"
     command = [sys.executable, "-m", "dpbench.leaderboard", "--suite", str(suite), "--profile", "tiny", "--root",
-               str(root), "--docs", str(tmp_path / "docs")]
-    leaderboard = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    log = root / "cnn/nonprivate/tune_nonprivate_t0/cell.log"
-    deadline = time.monotonic() + 240
-    while "TPU available" not in (log.read_text() if log.exists() else "") and time.monotonic() < deadline:
-        assert leaderboard.poll() is None, leaderboard.communicate()
-        time.sleep(0.5)
-    time.sleep(2)  # into training
-    assert _holders(log.resolve()), "the cell is not running"
-    leaderboard.send_signal(signal.SIGTERM)
-    _, stderr = leaderboard.communicate(timeout=60)
-    assert leaderboard.returncode == 143, stderr
-    assert "run the same command again to continue" in stderr
-    deadline = time.monotonic() + 30
-    while _holders(log.resolve()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    assert not _holders(log.resolve()), "the cell went on training after the suite stopped"
-    assert read_outcome(log.parent).status not in ("done", "refused")  # so the next invocation runs it again
+               str(root), "--docs", str(tmp_path / "docs"), "--jobs", jobs]
+    leaderboard = subprocess.Popen(command, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                   start_new_session=True)
+    logs = [root / "cnn/nonprivate/tune_nonprivate_t0/cell.log", root / "cnn/dpsgd/tune_eps1_t0/cell.log"][:int(jobs)]
+    try:
+        deadline = time.monotonic() + 240
+        while not all("TPU available" in (log.read_text() if log.exists() else "") for log in logs):
+            assert leaderboard.poll() is None, leaderboard.communicate()
+            assert time.monotonic() < deadline, "the cells did not start"
+            time.sleep(0.5)
+        time.sleep(2)  # into training
+        assert all(_holders(log.resolve()) for log in logs), "the cells are not running"
+        leaderboard.send_signal(signal.SIGTERM)
+        _, stderr = leaderboard.communicate(timeout=60)
+        assert leaderboard.returncode == 143, stderr
+        assert "run the same command again to continue" in stderr
+        deadline = time.monotonic() + 30
+        while any(_holders(log.resolve()) for log in logs) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert not any(_holders(log.resolve()) for log in logs), "a cell went on training after the suite stopped"
+        assert all(read_outcome(log.parent).status not in ("done", "refused") for log in logs)  # to be run again
+        assert {log.parent for log in root.rglob("cell.log")} == {log.parent for log in logs}  # no cell started after
+    finally:  # a failing run must not leave the suite or its cells behind
+        if leaderboard.poll() is None:
+            os.killpg(leaderboard.pid, signal.SIGKILL)
+
+
+def test_submitit_launcher_runs_each_cell_as_a_job(tmp_path):
+    """--launcher submitit --jobs 2: each cell a submitit job (a local process where there is no SLURM), every cell
+    an ordinary run with its results."""
+    pytest.importorskip("submitit")
+    from dpbench.leaderboard.__main__ import main
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(TINY.replace("vit: {methods: [dpsgd, jl]}", "vit: {methods: []}"))
+    root = tmp_path / "cells"
+    code = main(["--suite", str(suite), "--profile", "tiny", "--root", str(root), "--docs", str(tmp_path / "docs"),
+                 "--launcher", "submitit", "--jobs", "2", "--submitit", "timeout_min=10"])
+    assert code == 0
+    for name in ("cnn/nonprivate/tune_nonprivate_t0", "cnn/nonprivate/nonprivate_s0", "cnn/dpsgd/tune_eps1_t0",
+                 "cnn/dpsgd/eps1_s0"):
+        outcome = read_outcome(root / name)
+        assert outcome.status == "done", (root / name / "cell.log").read_text()[-2000:]
+        assert outcome.cell["launcher"] == "submitit" and (root / name / "submitit").is_dir()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--submitit", "timeout_min"], "write KEY=VALUE"),
+    (["--launcher", "fork", "--submitit", "timeout_min=5"], "need --launcher submitit"),
+    (["--jobs", "0"], "--jobs must be at least 1"),
+])
+def test_bad_launcher_options_are_refused_in_one_line(tmp_path, capsys, argv, message):
+    from dpbench.leaderboard.__main__ import main
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(TINY)
+    assert main(["--suite", str(suite), "--profile", "tiny", "--root", str(tmp_path / "cells"), *argv]) == 2
+    assert message in capsys.readouterr().err
+    assert not (tmp_path / "cells").exists()

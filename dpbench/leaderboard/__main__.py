@@ -10,8 +10,10 @@ import time
 from datetime import datetime, timezone
 from pathlib import Path
 
+import yaml
+
 from dpbench.errors import ConfigurationError
-from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, LAUNCHERS
+from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, LAUNCHER_NAMES, make_launcher
 from dpbench.leaderboard.report import build, record_invocation
 from dpbench.leaderboard.schedule import Scheduler
 from dpbench.leaderboard.suite import load_suite
@@ -37,11 +39,25 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="where the cells live (default: outputs/leaderboard/<profile>)")
     parser.add_argument("--docs", type=Path, default=Path("docs"), help="where leaderboard.md and its figures go")
     parser.add_argument("--report-only", action="store_true", help="regenerate the report from the cells, run none")
-    parser.add_argument("--launcher", choices=sorted(LAUNCHERS), default=DEFAULT_LAUNCHER,
-                        help="fork: each cell a forked child of this warm interpreter (default where available); "
-                             "subprocess: a new `python -m dpbench` per cell")
+    parser.add_argument("--launcher", choices=LAUNCHER_NAMES, default=DEFAULT_LAUNCHER,
+                        help="fork: each cell a forked child of a warm interpreter (default where available); "
+                             "subprocess: a new `python -m dpbench` per cell; submitit: each cell a submitit job "
+                             "(SLURM where sbatch is found, else a local process)")
+    parser.add_argument("--submitit", action="append", default=[], metavar="KEY=VALUE",
+                        help="a submitit executor parameter, e.g. slurm_partition=gpu timeout_min=60 gpus_per_node=1")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="(task, method) pipelines run at once (default 1: each cell alone on the machine, so its "
+                             "speed and memory are its own; raise it on a cluster)")
     parser.add_argument("--dry-run", action="store_true", help="list the cells that the suite would run")
     return parser.parse_args(argv)
+
+
+def _parameter(text: str) -> tuple[str, object]:
+    """KEY=VALUE with VALUE read as YAML (60 -> int, true -> bool, gpu -> str)."""
+    key, separator, value = text.partition("=")
+    if not separator or not key:
+        raise ConfigurationError(f"--submitit {text!r}: write KEY=VALUE, e.g. --submitit timeout_min=60")
+    return key, yaml.safe_load(value)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,6 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile or ("quick" if args.quick else "full")
     try:
         suite = load_suite(profile, args.suite)
+    except ConfigurationError as error:
+        print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        parameters = dict(_parameter(text) for text in args.submitit)
+        make_launcher(args.launcher, parameters)
     except ConfigurationError as error:
         print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
         return 2
@@ -67,7 +89,10 @@ def main(argv: list[str] | None = None) -> int:
         started, clock = datetime.now(timezone.utc), time.perf_counter()
         signal.signal(signal.SIGTERM, _stop)
         try:
-            Scheduler(suite, root, launcher=args.launcher).run()
+            Scheduler(suite, root, launcher=args.launcher, parameters=parameters, jobs=args.jobs).run()
+        except ConfigurationError as error:
+            print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
+            return 2
         except (KeyboardInterrupt, SystemExit) as stop:
             print(f"dpbench.leaderboard: stopped; the finished cells are kept under {root}: run the same command "
                   f"again to continue", file=sys.stderr)

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, LAUNCHERS
+from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, make_launcher
 from dpbench.results import RESULTS_FILE, read_results, write_json_atomic
 
 CELL_FILE = "cell.json"
@@ -75,8 +75,10 @@ def _recorded_overrides(directory: Path) -> list[str] | None:
     return json.loads(path.read_text()).get("overrides") if path.exists() else None
 
 
-def run_cell(cell: Cell, root: Path, env: dict[str, str] | None = None, launcher: str = DEFAULT_LAUNCHER) -> str:
-    """Run the cell unless its outcome is recorded for exactly these overrides (an edited suite re-runs it)."""
+def run_cell(cell: Cell, root: Path, env: dict[str, str] | None = None, launcher: str = DEFAULT_LAUNCHER,
+             parameters: dict[str, Any] | None = None) -> str:
+    """Run the cell unless its outcome is recorded for exactly these overrides (an edited suite re-runs it);
+    `parameters`: the submitit launcher's."""
     directory = cell.directory(root)
     current = status(directory)
     if current in ("done", "refused") and _recorded_overrides(directory) == cell.overrides:
@@ -88,7 +90,7 @@ def run_cell(cell: Cell, root: Path, env: dict[str, str] | None = None, launcher
     command = ["python", "-m", "dpbench", *args]
     write_json_atomic(directory / CELL_FILE, {**asdict(cell), "command": command, "launcher": launcher})
     started = time.perf_counter()
-    returncode = LAUNCHERS[launcher](args, directory / LOG_FILE, env)
+    returncode = make_launcher(launcher, parameters)(args, directory / LOG_FILE, env)
     wall = time.perf_counter() - started
     record = {**asdict(cell), "command": command, "launcher": launcher, "returncode": returncode,
               "process_wall_s": wall}

@@ -1,6 +1,6 @@
-"""How a cell's `python -m dpbench ARGS` is started: a new interpreter, or a fork of a warm one.
+"""How a cell's `python -m dpbench ARGS` is started: a new interpreter, a fork of a warm one, or a submitit job.
 
-Both run dpbench's own CLI entry point (Hydra, the exit code 2 of a refused configuration, results.json) in a
+All run dpbench's own CLI entry point (Hydra, the exit code 2 of a refused configuration, results.json) in a
 process of its own, so a cell's peak memory is its own. `fork` skips the interpreter start and the imports of
 torch, Lightning and Hydra (about 10 s of CPU per cell here), which is most of a short cell's cost: a fork server
 imports them once and runs nothing else, so the children start from a clean state.
@@ -8,22 +8,61 @@ imports them once and runs nothing else, so the children start from a clean stat
 
 from __future__ import annotations
 
+import importlib.util
 import multiprocessing
 import os
 import subprocess
 import sys
+import threading
 import traceback
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
+from typing import Any
+
+from dpbench.errors import ConfigurationError
 
 Launcher = Callable[[list[str], Path, dict[str, str] | None], int]
 
 
+class RunningCells:
+    """The cells being run now, each with the call that stops it: a stopped suite stops them all (with --jobs N
+    they run in worker threads that only the main thread's stop can reach)."""
+
+    def __init__(self) -> None:
+        self._stops: dict[int, Callable[[], None]] = {}
+        self._lock = threading.Lock()
+
+    def add(self, key: int, stop: Callable[[], None]) -> None:
+        with self._lock:
+            self._stops[key] = stop
+
+    def discard(self, key: int) -> None:
+        with self._lock:
+            self._stops.pop(key, None)
+
+    def stop_all(self) -> None:
+        with self._lock:
+            stops = list(self._stops.values())
+        for stop in stops:
+            stop()
+
+
+RUNNING = RunningCells()
+
+
 def launch_subprocess(args: list[str], log: Path, env: dict[str, str] | None) -> int:
     """`python -m dpbench ARGS` in a new interpreter; stdout and stderr go to `log`."""
-    with log.open("w") as handle:
-        return subprocess.run([sys.executable, "-m", "dpbench", *args], stdout=handle, stderr=subprocess.STDOUT,
-                              env=env).returncode
+    with log.open("w") as handle, subprocess.Popen([sys.executable, "-m", "dpbench", *args], stdout=handle,
+                                                    stderr=subprocess.STDOUT, env=env) as process:
+        RUNNING.add(id(process), process.terminate)
+        try:
+            return process.wait()
+        finally:
+            if process.poll() is None:
+                process.terminate()
+                process.wait()
+            RUNNING.discard(id(process))
 
 
 def _child(args: list[str], log: Path, env: dict[str, str] | None) -> int:
@@ -61,16 +100,59 @@ def launch_fork(args: list[str], log: Path, env: dict[str, str] | None) -> int:
     context.set_forkserver_preload(["dpbench.cli", "dpbench.run"])
     process = context.Process(target=_forked_cell, args=(args, str(log), env))
     process.start()
+    RUNNING.add(id(process), process.terminate)
     try:
         process.join()
     finally:  # the suite was stopped: its cell, a child of the fork server and not of the suite, stops with it
         if process.is_alive():
             process.terminate()
             process.join()
+        RUNNING.discard(id(process))
     return process.exitcode
+
+
+def launch_submitit(args: list[str], log: Path, env: dict[str, str] | None, parameters: dict[str, Any]) -> int:
+    """The cell as a submitit job (SLURM where `sbatch` is found, else a local process: submitit's own rule), with
+    `parameters` for its executor (slurm_partition, timeout_min, gpus_per_node, ...). A stopped suite cancels it."""
+    import submitit
+
+    executor = submitit.AutoExecutor(folder=log.parent / "submitit")
+    executor.update_parameters(name=f"dpbench-{log.parent.name}", **parameters)
+    job = executor.submit(_submitted_cell, args, str(log), env)
+    RUNNING.add(id(job), job.cancel)
+    try:
+        return job.result()
+    except (KeyboardInterrupt, SystemExit):
+        job.cancel()
+        raise
+    except Exception as error:  # the job itself failed (time limit, preemption, node failure): the cell failed
+        with log.open("a") as handle:
+            handle.write(f"\nsubmitit job {job.job_id} failed: {error}\n")
+        return 1
+    finally:
+        RUNNING.discard(id(job))
+
+
+def _submitted_cell(args: list[str], log: str, env: dict[str, str] | None) -> int:
+    return _child(args, Path(log), env)
 
 
 LAUNCHERS: dict[str, Launcher] = {"subprocess": launch_subprocess}
 if "forkserver" in multiprocessing.get_all_start_methods():
     LAUNCHERS["fork"] = launch_fork
 DEFAULT_LAUNCHER = "fork" if "fork" in LAUNCHERS else "subprocess"
+SUBMITIT = "submitit"
+LAUNCHER_NAMES = sorted([*LAUNCHERS, SUBMITIT])
+
+
+def make_launcher(name: str, parameters: dict[str, Any] | None = None) -> Launcher:
+    """The launcher called `name`; only submitit takes parameters (its executor's)."""
+    if name == SUBMITIT:
+        if importlib.util.find_spec("submitit") is None:
+            raise ConfigurationError("--launcher submitit needs the package submitit: pip install -e '.[sweeps]'")
+        return partial(launch_submitit, parameters=dict(parameters or {}))
+    if parameters:
+        raise ConfigurationError(f"--submitit {', '.join(parameters)}: executor parameters need --launcher submitit")
+    if name not in LAUNCHERS:
+        raise ConfigurationError(f"unknown launcher {name!r}: one of {', '.join(LAUNCHER_NAMES)}")
+    return LAUNCHERS[name]

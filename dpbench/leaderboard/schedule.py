@@ -8,11 +8,15 @@ profile's tune_epsilon and seed 0. The best point by validation metric is reused
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any
 
+from dpbench.errors import ConfigurationError
 from dpbench.leaderboard.cells import Cell, read_outcome, run_cell
-from dpbench.leaderboard.launch import DEFAULT_LAUNCHER
+from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, RUNNING
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
 
 log = logging.getLogger(__name__)
@@ -78,26 +82,47 @@ class Scheduler:
     """Runs (or, with dry_run, lists) the cells of a suite; every cell already recorded is skipped."""
 
     def __init__(self, suite: Suite, root: Path, env: dict[str, str] | None = None, dry_run: bool = False,
-                 launcher: str = DEFAULT_LAUNCHER):
-        self.suite, self.root, self.env, self.dry_run, self.launcher = suite, Path(root), env, dry_run, launcher
+                 launcher: str = DEFAULT_LAUNCHER, parameters: dict[str, Any] | None = None, jobs: int = 1):
+        """jobs: how many (task, method) pipelines run at once; 1 keeps every cell's cost figures undisturbed."""
+        if jobs < 1:
+            raise ConfigurationError(f"--jobs must be at least 1, got {jobs}")
+        self.suite, self.root, self.env, self.dry_run = suite, Path(root), env, dry_run
+        self.launcher, self.parameters, self.jobs = launcher, parameters, jobs
         self.planned: list[Cell] = []
+        self._stopping = threading.Event()
 
     def _run(self, cell: Cell) -> str:
+        if self._stopping.is_set():
+            raise SystemExit("stopped")  # ends this worker's pipeline before its next cell starts
         self.planned.append(cell)
         if self.dry_run:
             return "done"
-        state = run_cell(cell, self.root, self.env, self.launcher)
+        state = run_cell(cell, self.root, self.env, self.launcher, self.parameters)
         log.info("%-8s %s", state, cell.directory(self.root).relative_to(self.root))
         return state
 
     def run(self) -> None:
+        pipelines = []
         for task in self.suite.tasks:
             reason = task.skip_reason()
             if reason:
                 log.warning("%s: %s", task.name, reason)
                 continue
-            for method in task.methods:
+            pipelines += [(task, method) for method in task.methods]
+        if self.jobs == 1 or self.dry_run:
+            for task, method in pipelines:
                 self.run_method(task, method)
+            return
+        with ThreadPoolExecutor(self.jobs, thread_name_prefix="leaderboard") as pool:
+            futures = [pool.submit(self.run_method, task, method) for task, method in pipelines]
+            try:
+                for future in futures:
+                    future.result()
+            except BaseException:  # stopped (or a pipeline failed): no new cell starts, the running ones stop
+                self._stopping.set()
+                pool.shutdown(wait=False, cancel_futures=True)
+                RUNNING.stop_all()
+                raise
 
     def _tune(self, task: Task, method: Method) -> Cell | None:
         """Trials of the first rung that can run at tune_epsilon; its best trial (None if nothing could run)."""
