@@ -166,7 +166,7 @@ def freeze_parameters(model: nn.Module, prefixes: list[str]) -> None:
     """Fix every parameter whose name starts with one of `prefixes`; a prefix that names nothing is a typo."""
     names = [name for name, _ in model.named_parameters()]
     for prefix in prefixes:
-        matched = [name for name in names if name == prefix or name.startswith(prefix + ".")]
+        matched = {name for name in names if name == prefix or name.startswith(prefix + ".")}
         if not matched:
             roots = sorted({".".join(name.split(".")[:2]) for name in names})
             raise ConfigurationError(f"model.freeze: {prefix!r} names no parameter of the model; its modules begin "
