@@ -1,5 +1,6 @@
 """The leaderboard's machinery end to end on a tiny suite: real dpbench runs, a refusal, resume, the report."""
 
+import contextlib
 import csv
 import json
 import os
@@ -243,8 +244,8 @@ def test_a_stopped_suite_stops_its_running_cells_and_the_next_invocation_reruns_
         assert not any(_holders(log.resolve()) for log in logs), "a cell went on training after the suite stopped"
         assert all(read_outcome(log.parent).status not in ("done", "refused") for log in logs)  # to be run again
         assert {log.parent for log in root.rglob("cell.log")} == {log.parent for log in logs}  # no cell started after
-    finally:  # a failing run must not leave the suite or its cells behind
-        if leaderboard.poll() is None:
+    finally:  # a failing run must not leave the suite or its cells behind, even a suite that exited
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(leaderboard.pid, signal.SIGKILL)
 
 
@@ -270,13 +271,24 @@ def test_submitit_launcher_runs_each_cell_as_a_job(tmp_path):
 @pytest.mark.parametrize(("argv", "message"), [
     (["--submitit", "timeout_min"], "write KEY=VALUE"),
     (["--launcher", "fork", "--submitit", "timeout_min=5"], "need --launcher submitit"),
-    (["--jobs", "0"], "--jobs must be at least 1"),
+    (["--launcher", "submitit", "--submitit", "timeout_min=1.5"], "timeout_min=1.5"),
+    (["--launcher", "submitit", "--submitit", "no_such_parameter=1"], "no_such_parameter"),
 ])
 def test_bad_launcher_options_are_refused_in_one_line(tmp_path, capsys, argv, message):
     from dpbench.leaderboard.__main__ import main
 
     suite = tmp_path / "suite.yaml"
     suite.write_text(TINY)
+    if "submitit" in argv:
+        pytest.importorskip("submitit")
     assert main(["--suite", str(suite), "--profile", "tiny", "--root", str(tmp_path / "cells"), *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "cells").exists()
+
+
+def test_jobs_below_one_is_a_usage_error(capsys):
+    from dpbench.leaderboard.__main__ import main
+
+    with pytest.raises(SystemExit) as stop:
+        main(["--jobs", "0", "--dry-run"])
+    assert stop.value.code == 2 and "must be at least 1" in capsys.readouterr().err

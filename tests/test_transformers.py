@@ -100,6 +100,28 @@ def test_frozen_parameters_get_no_per_sample_gradient_and_others_still_match_the
             torch.testing.assert_close(per_sample[name][i], expected[name], atol=1e-5, rtol=1e-4)
 
 
+@pytest.mark.parametrize("privatizer", ["vanilla", "grape"])
+def test_a_private_step_leaves_frozen_parameters_as_they_were(privatizer):
+    from dpbench.optim import OptimizerConfig
+    from dpbench.privatizers import PrivacySettings, make_strategy
+    from dpbench.privatizers.base import StepContext
+
+    torch.manual_seed(0)
+    model = bert()
+    freeze_parameters(model, ["model.bert.embeddings"])
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    strategy = make_strategy(OmegaConf.create({"name": privatizer}), PrivacySettings(1.0, 0.5, 1.0))
+    strategy.attach(model)
+    optimizer = strategy.configure_optimizer(model, OptimizerConfig(name="adam", lr=0.01))
+    batch = TRANSFORMERS["bert"][1]()
+    strategy.privatize(model, TASK, batch, StepContext(0, float(batch[1].shape[0])))
+    strategy.apply_update(optimizer)
+    for name, param in model.named_parameters():
+        if name.startswith("model.bert.embeddings."):
+            assert torch.equal(param, before[name]), name
+    assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
+
+
 def test_a_freeze_prefix_that_names_nothing_is_refused_with_the_model_s_modules():
     with pytest.raises(ConfigurationError, match=r"model.freeze: 'model.bert.embedings' names no parameter.*bert"):
         freeze_parameters(bert(), ["model.bert.embedings"])

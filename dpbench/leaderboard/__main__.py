@@ -45,11 +45,18 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                              "(SLURM where sbatch is found, else a local process)")
     parser.add_argument("--submitit", action="append", default=[], metavar="KEY=VALUE",
                         help="a submitit executor parameter, e.g. slurm_partition=gpu timeout_min=60 gpus_per_node=1")
-    parser.add_argument("--jobs", type=int, default=1,
+    parser.add_argument("--jobs", type=_positive, default=1,
                         help="(task, method) pipelines run at once (default 1: each cell alone on the machine, so its "
                              "speed and memory are its own; raise it on a cluster)")
     parser.add_argument("--dry-run", action="store_true", help="list the cells that the suite would run")
     return parser.parse_args(argv)
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 def _parameter(text: str) -> tuple[str, object]:
@@ -87,16 +94,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         print(NOTE, flush=True)
         started, clock = datetime.now(timezone.utc), time.perf_counter()
-        signal.signal(signal.SIGTERM, _stop)
+        previous = signal.signal(signal.SIGTERM, _stop)
         try:
             Scheduler(suite, root, launcher=args.launcher, parameters=parameters, jobs=args.jobs).run()
-        except ConfigurationError as error:
-            print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
-            return 2
         except (KeyboardInterrupt, SystemExit) as stop:
             print(f"dpbench.leaderboard: stopped; the finished cells are kept under {root}: run the same command "
                   f"again to continue", file=sys.stderr)
             return STOPPED if isinstance(stop, SystemExit) else 130
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         record_invocation(root, command, started, time.perf_counter() - clock)
     path = build(suite, root, args.docs, " ".join(command))
     print(f"wrote {path}\n{NOTE}")

@@ -9,11 +9,14 @@ imports them once and runs nothing else, so the children start from a clean stat
 from __future__ import annotations
 
 import importlib.util
+import logging
 import multiprocessing
 import os
 import subprocess
 import sys
+import tempfile
 import threading
+import time
 import traceback
 from collections.abc import Callable
 from functools import partial
@@ -22,20 +25,39 @@ from typing import Any
 
 from dpbench.errors import ConfigurationError
 
+log = logging.getLogger(__name__)
 Launcher = Callable[[list[str], Path, dict[str, str] | None], int]
+
+
+class Stopped(Exception):
+    """The suite was stopped: no new cell starts."""
 
 
 class RunningCells:
     """The cells being run now, each with the call that stops it: a stopped suite stops them all (with --jobs N
-    they run in worker threads that only the main thread's stop can reach)."""
+    they run in worker threads that only the main thread's stop can reach). Once stopped, a cell that registers
+    is stopped at once, so none slips through between a worker's check and its launch."""
 
     def __init__(self) -> None:
         self._stops: dict[int, Callable[[], None]] = {}
         self._lock = threading.Lock()
+        self._stopped = False
+
+    @property
+    def stopped(self) -> bool:
+        return self._stopped
+
+    def reset(self) -> None:
+        with self._lock:
+            self._stops.clear()
+            self._stopped = False
 
     def add(self, key: int, stop: Callable[[], None]) -> None:
         with self._lock:
-            self._stops[key] = stop
+            if not self._stopped:
+                self._stops[key] = stop
+                return
+        _call(stop)
 
     def discard(self, key: int) -> None:
         with self._lock:
@@ -43,9 +65,18 @@ class RunningCells:
 
     def stop_all(self) -> None:
         with self._lock:
+            self._stopped = True
             stops = list(self._stops.values())
         for stop in stops:
-            stop()
+            _call(stop)
+
+
+def _call(stop: Callable[[], None]) -> None:
+    """A stop that fails (the cell has just ended, scancel refused) must not keep the others from stopping."""
+    try:
+        stop()
+    except Exception as error:  # noqa: BLE001 - logged, and the remaining cells still stop
+        log.warning("could not stop a cell: %s", error)
 
 
 RUNNING = RunningCells()
@@ -99,31 +130,38 @@ def launch_fork(args: list[str], log: Path, env: dict[str, str] | None) -> int:
     context = multiprocessing.get_context("forkserver")
     context.set_forkserver_preload(["dpbench.cli", "dpbench.run"])
     process = context.Process(target=_forked_cell, args=(args, str(log), env))
-    process.start()
-    RUNNING.add(id(process), process.terminate)
     try:
+        process.start()
+        RUNNING.add(id(process), process.terminate)
         process.join()
     finally:  # the suite was stopped: its cell, a child of the fork server and not of the suite, stops with it
-        if process.is_alive():
+        if process.pid is not None and process.is_alive():
             process.terminate()
             process.join()
         RUNNING.discard(id(process))
     return process.exitcode
 
 
+SUBMITIT_DEFAULTS = {"timeout_min": 720}
+"""submitit's own time limit (2 minutes locally, 5 on SLURM) would kill most cells: 12 hours unless set."""
+POLL_S = 5.0
+
+
 def launch_submitit(args: list[str], log: Path, env: dict[str, str] | None, parameters: dict[str, Any]) -> int:
     """The cell as a submitit job (SLURM where `sbatch` is found, else a local process: submitit's own rule), with
-    `parameters` for its executor (slurm_partition, timeout_min, gpus_per_node, ...). A stopped suite cancels it."""
-    import submitit
-
-    executor = submitit.AutoExecutor(folder=log.parent / "submitit")
-    executor.update_parameters(name=f"dpbench-{log.parent.name}", **parameters)
-    job = executor.submit(_submitted_cell, args, str(log), env)
-    RUNNING.add(id(job), job.cancel)
+    `parameters` for its executor (slurm_partition, timeout_min, gpus_per_node, ...). A stopped suite cancels it
+    within POLL_S rather than waiting for submitit's own status checks."""
+    job = _executor(log.parent / "submitit", parameters).submit(_child, args, log, env)
+    cancel = partial(job.cancel, check=False)
+    RUNNING.add(id(job), cancel)
     try:
+        while not job.done():
+            if RUNNING.stopped:
+                raise Stopped(f"submitit job {job.job_id} cancelled")
+            time.sleep(POLL_S)
         return job.result()
-    except (KeyboardInterrupt, SystemExit):
-        job.cancel()
+    except (KeyboardInterrupt, SystemExit, Stopped):
+        _call(cancel)
         raise
     except Exception as error:  # the job itself failed (time limit, preemption, node failure): the cell failed
         with log.open("a") as handle:
@@ -133,8 +171,18 @@ def launch_submitit(args: list[str], log: Path, env: dict[str, str] | None, para
         RUNNING.discard(id(job))
 
 
-def _submitted_cell(args: list[str], log: str, env: dict[str, str] | None) -> int:
-    return _child(args, Path(log), env)
+def _executor(folder: Path, parameters: dict[str, Any]) -> Any:
+    """A submitit AutoExecutor with dpbench's defaults under the user's parameters; a bad key or value (unknown,
+    of the wrong type) is a ConfigurationError naming it."""
+    import submitit
+
+    executor = submitit.AutoExecutor(folder=folder)
+    try:
+        executor.update_parameters(**{"name": f"dpbench-{folder.parent.name}", **SUBMITIT_DEFAULTS, **parameters})
+    except (NameError, TypeError, ValueError, AssertionError) as error:
+        raise ConfigurationError(f"--submitit {', '.join(f'{k}={v}' for k, v in parameters.items())}: "
+                                 f"{error or type(error).__name__}") from None
+    return executor
 
 
 LAUNCHERS: dict[str, Launcher] = {"subprocess": launch_subprocess}
@@ -150,6 +198,8 @@ def make_launcher(name: str, parameters: dict[str, Any] | None = None) -> Launch
     if name == SUBMITIT:
         if importlib.util.find_spec("submitit") is None:
             raise ConfigurationError("--launcher submitit needs the package submitit: pip install -e '.[sweeps]'")
+        with tempfile.TemporaryDirectory() as folder:
+            _executor(Path(folder) / "check", dict(parameters or {}))
         return partial(launch_submitit, parameters=dict(parameters or {}))
     if parameters:
         raise ConfigurationError(f"--submitit {', '.join(parameters)}: executor parameters need --launcher submitit")

@@ -8,15 +8,14 @@ profile's tune_epsilon and seed 0. The best point by validation metric is reused
 from __future__ import annotations
 
 import logging
-import threading
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 from dpbench.errors import ConfigurationError
 from dpbench.leaderboard.cells import Cell, read_outcome, run_cell
-from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, RUNNING
+from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, RUNNING, Stopped
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
 
 log = logging.getLogger(__name__)
@@ -89,11 +88,10 @@ class Scheduler:
         self.suite, self.root, self.env, self.dry_run = suite, Path(root), env, dry_run
         self.launcher, self.parameters, self.jobs = launcher, parameters, jobs
         self.planned: list[Cell] = []
-        self._stopping = threading.Event()
 
     def _run(self, cell: Cell) -> str:
-        if self._stopping.is_set():
-            raise SystemExit("stopped")  # ends this worker's pipeline before its next cell starts
+        if RUNNING.stopped:
+            raise Stopped(cell.directory(self.root))  # ends this worker's pipeline before its next cell starts
         self.planned.append(cell)
         if self.dry_run:
             return "done"
@@ -102,6 +100,7 @@ class Scheduler:
         return state
 
     def run(self) -> None:
+        RUNNING.reset()
         pipelines = []
         for task in self.suite.tasks:
             reason = task.skip_reason()
@@ -116,12 +115,12 @@ class Scheduler:
         with ThreadPoolExecutor(self.jobs, thread_name_prefix="leaderboard") as pool:
             futures = [pool.submit(self.run_method, task, method) for task, method in pipelines]
             try:
+                wait(futures, return_when=FIRST_EXCEPTION)
                 for future in futures:
                     future.result()
             except BaseException:  # stopped (or a pipeline failed): no new cell starts, the running ones stop
-                self._stopping.set()
-                pool.shutdown(wait=False, cancel_futures=True)
                 RUNNING.stop_all()
+                pool.shutdown(wait=False, cancel_futures=True)
                 raise
 
     def _tune(self, task: Task, method: Method) -> Cell | None:
