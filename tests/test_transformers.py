@@ -125,6 +125,8 @@ def test_a_private_step_leaves_frozen_parameters_as_they_were(privatizer):
 def test_a_freeze_prefix_that_names_nothing_is_refused_with_the_model_s_modules():
     with pytest.raises(ConfigurationError, match=r"model.freeze: 'model.bert.embedings' names no parameter.*bert"):
         freeze_parameters(bert(), ["model.bert.embedings"])
+    with pytest.raises(ConfigurationError, match="leaves no parameter to train"):
+        freeze_parameters(bert(), ["model"])
 
 
 @pytest.mark.slow

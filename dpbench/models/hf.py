@@ -174,6 +174,8 @@ def freeze_parameters(model: nn.Module, prefixes: list[str]) -> None:
         for name, param in model.named_parameters():
             if name in matched:
                 param.requires_grad_(False)
+    if prefixes and not any(param.requires_grad for param in model.parameters()):
+        raise ConfigurationError(f"model.freeze={list(prefixes)} leaves no parameter to train: freeze fewer modules")
 
 
 def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> nn.Module:
