@@ -75,7 +75,7 @@ def _call(stop: Callable[[], None]) -> None:
     """A stop that fails (the cell has just ended, scancel refused) must not keep the others from stopping."""
     try:
         stop()
-    except Exception as error:  # noqa: BLE001 - logged, and the remaining cells still stop
+    except Exception as error:  # logged, and the remaining cells still stop
         log.warning("could not stop a cell: %s", error)
 
 
