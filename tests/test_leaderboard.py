@@ -32,6 +32,7 @@ methods:
 tasks:
   cnn:
     title: tiny CNN
+    note: Three steps only, so the numbers say nothing.
     overrides: [model=cnn, data=mnist5k, batch_size=100, max_steps=3]
     optimizer: sgd
     lr: {sgd: [0.5, 2.0]}
@@ -123,6 +124,8 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path):
     assert any(fmt_value(nonprivate["test_accuracy"], "accuracy") in line for line in markdown.splitlines()
                if line.startswith("| non-private |"))
     assert "| JL (r=1) |" in markdown and "cannot reach epsilon 1: " + refused.reason in markdown
+    cnn_section = markdown.split("### tiny CNN")[1].split("###")[0]
+    assert "Three steps only, so the numbers say nothing." in cnn_section
     assert "does not count the tuning" in markdown and "/nonexistent/fashion-mnist does not exist" in markdown
     assert (docs / "leaderboard" / "headline.png").exists()
 
@@ -292,3 +295,38 @@ def test_jobs_below_one_is_a_usage_error(capsys):
     with pytest.raises(SystemExit) as stop:
         main(["--jobs", "0", "--dry-run"])
     assert stop.value.code == 2 and "must be at least 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("profile", ["full", "quick"])
+def test_every_cell_of_the_shipped_suite_composes_into_a_valid_config(profile):
+    """A typo in conf/leaderboard/suite.yaml would otherwise surface hours into a run, as one cell's failure."""
+    from hydra import compose, initialize_config_dir
+    from omegaconf import OmegaConf
+
+    from dpbench.cli import config_dir
+    from dpbench.config import Config, register_schemas, validated
+    from dpbench.data import DATASETS
+    from dpbench.leaderboard.schedule import cell_for
+    from dpbench.models import MODELS
+    from dpbench.privatizers import STRATEGIES
+
+    suite = load_suite(profile)
+    register_schemas()
+    composed = 0
+    with initialize_config_dir(config_dir(), version_base="1.3"):
+        for task in suite.tasks:
+            for method in task.methods:
+                lr, clip = trial_points(task, method, 1)[0]
+                for variant in method.variants():
+                    cell = cell_for(suite, task, method, variant, "tune", suite.tune_epsilon, 0, 0, lr, clip)
+                    cfg = compose("config", overrides=cell.overrides)
+                    validated(Config, cfg, "top-level")
+                    model, data, privatizer = (OmegaConf.to_container(node, resolve=True)
+                                               for node in (cfg.model, cfg.data, cfg.privatizer))
+                    assert data.pop("validation_size") == task.validation_size  # load_data carves it, any data set
+                    for registry, node in ((MODELS, model), (DATASETS, data), (STRATEGIES, privatizer)):
+                        found, settings = registry.resolve(node)
+                        validated(found.schema, settings, registry.group)
+                    assert cfg.optimizer.name == task.optimizer_of(method) and cfg.optimizer.lr == lr
+                    composed += 1
+    assert composed >= sum(len(task.methods) for task in suite.tasks)

@@ -8,10 +8,10 @@ from omegaconf import OmegaConf
 from dpbench.data.bundle import DataBundle, TensorSplit
 from dpbench.errors import ConfigurationError, MissingDataError, UnsupportedModelError
 from dpbench.models import build_model
-from dpbench.models.hf import freeze_parameters
+from dpbench.models.hf import SequenceClassifier, freeze_parameters
 from dpbench.privatizers.per_sample import HookEngine, make_engine
 from dpbench.tasks import ClassificationTask
-from tests.transformer_models import TRANSFORMERS, bert, single
+from tests.transformer_models import TRANSFORMERS, bert, roberta, single
 
 TASK = ClassificationTask()
 
@@ -120,6 +120,24 @@ def test_a_private_step_leaves_frozen_parameters_as_they_were(privatizer):
         if name.startswith("model.bert.embeddings."):
             assert torch.equal(param, before[name]), name
     assert any(not torch.equal(p, before[n]) for n, p in model.named_parameters() if p.requires_grad)
+
+
+def test_mean_pooling_reads_only_the_real_tokens_and_drops_the_unused_pooler():
+    torch.manual_seed(0)
+    model = bert(pooling="mean").eval()
+    assert model.model.bert.pooler is None  # no parameter left without a gradient
+    inputs, _ = TRANSFORMERS["bert"][1]()
+    logits = model(inputs)
+    hidden = model.model.bert(input_ids=inputs["input_ids"][:1, :4], attention_mask=inputs["attention_mask"][:1, :4],
+                              position_ids=torch.arange(4)[None]).last_hidden_state
+    torch.testing.assert_close(logits[0], model.model.classifier(hidden[0].mean(dim=0)))  # sample 0: 4 real tokens
+
+
+def test_mean_pooling_is_refused_for_a_head_that_is_not_one_linear_layer():
+    with pytest.raises(ConfigurationError, match="model.pooling=mean needs .*RobertaForSequenceClassification"):
+        SequenceClassifier(roberta().model, explicit_positions=False, pooling="mean")
+    with pytest.raises(ConfigurationError, match="model.pooling must be one of model, mean"):
+        bert(pooling="max")
 
 
 def test_a_freeze_prefix_that_names_nothing_is_refused_with_the_model_s_modules():

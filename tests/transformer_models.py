@@ -46,9 +46,13 @@ def roberta():
     return SequenceClassifier(RobertaForSequenceClassification(config), explicit_positions=False)
 
 
-def bert(explicit_positions: bool = True):
+def bert(explicit_positions: bool = True, pooling: str = "model"):
     config = BertConfig(**TEXT, intermediate_size=24, max_position_embeddings=12, **NO_DROPOUT)
-    return SequenceClassifier(BertForSequenceClassification(config), explicit_positions=explicit_positions)
+    return SequenceClassifier(BertForSequenceClassification(config), explicit_positions, pooling)
+
+
+def bert_mean_pooled():
+    return bert(pooling="mean")
 
 
 def opt():
@@ -68,6 +72,7 @@ TRANSFORMERS = {
     "vit": (vit, image_batch),
     "roberta": (roberta, text_batch),
     "bert": (bert, text_batch),
+    "bert_mean_pooled": (bert_mean_pooled, text_batch),
     "opt": (opt, text_batch),
     "gpt2": (gpt2, text_batch),
 }

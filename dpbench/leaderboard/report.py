@@ -204,6 +204,8 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         metric = next((e.metric for e in task_entries if e.metric), None)
         lines += [f"### {task.title}", "", f"`{task.name}`: test {metric or 'metric'} "
                   f"({'lower' if metric == 'loss' else 'higher'} is better).", ""]
+        if task.note:
+            lines += [task.note, ""]
         lines += _task_table(task, task_entries, tuning.get(task.name, []), suite)
         best = winners(task_entries, suite.budgets)
         if best:

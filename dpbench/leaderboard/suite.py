@@ -51,6 +51,8 @@ class Task:
     validation_size: int
     methods: tuple[Method, ...]
     requires: str | None = None
+    note: str | None = None
+    """Printed under the task's title in the report: what a reader must know to read its table."""
 
     def skip_reason(self) -> str | None:
         """Why the task cannot run on this machine (its data is not installed), or None."""
@@ -133,6 +135,7 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
             clip=_pair(spec["clip"], f"{path}: tasks.{task_name}.clip"),
             validation_size=int(spec["validation_size"]),
             methods=tuple(methods[m] for m in entry["methods"]), requires=spec.get("requires"),
+            note=spec.get("note"),
         ))
     tune_epsilon = float(chosen["tune_epsilon"])
     budgets = tuple(float(b) for b in chosen["budgets"])

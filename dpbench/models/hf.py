@@ -89,6 +89,9 @@ class TextTransformerConfig:
     freeze: list[str] = field(default_factory=list)
     """Parameter-name prefixes kept fixed (e.g. [bert.embeddings] for MiniLM): the usual cheaper private fine-tuning,
     as their per-sample gradients are neither formed nor noised."""
+    pooling: str = "model"
+    """model: the checkpoint's own head (BERT's [CLS] pooler); mean: the classifier reads the mean of the last hidden
+    states over the real tokens, the pooling sentence encoders such as all-MiniLM-L6-v2 were trained with."""
 
 
 class ImageClassifier(nn.Module):
@@ -106,13 +109,30 @@ class ImageClassifier(nn.Module):
         return self.model(pixel_values=pixels).logits
 
 
-class SequenceClassifier(nn.Module):
-    """{input_ids, attention_mask, ...} -> logits, with per-sample position ids for BERT-style embeddings."""
+POOLINGS = ("model", "mean")
 
-    def __init__(self, model: nn.Module, explicit_positions: bool):
+
+class SequenceClassifier(nn.Module):
+    """{input_ids, attention_mask, ...} -> logits, with per-sample position ids for BERT-style embeddings.
+
+    With mean pooling the checkpoint's [CLS] pooler is removed (an unused layer would have no per-sample gradient)
+    and its classification layer reads the masked mean of the last hidden states.
+    """
+
+    def __init__(self, model: nn.Module, explicit_positions: bool, pooling: str = "model"):
         super().__init__()
+        if pooling not in POOLINGS:
+            raise ConfigurationError(f"model.pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
+        if pooling == "mean":
+            if not isinstance(getattr(model, "classifier", None), nn.Linear):
+                raise ConfigurationError(
+                    f"model.pooling=mean needs a checkpoint whose head is one linear `classifier` layer (BERT-style); "
+                    f"{type(model).__name__} has another head: use model.pooling=model")
+            if getattr(model.base_model, "pooler", None) is not None:
+                model.base_model.pooler = None
         self.model = model
         self.explicit_positions = explicit_positions
+        self.pooling = pooling
 
     def forward(self, inputs: dict[str, Tensor]) -> Tensor:
         if not isinstance(inputs, dict):
@@ -121,7 +141,13 @@ class SequenceClassifier(nn.Module):
         if self.explicit_positions and "position_ids" not in kwargs:
             batch, length = kwargs["input_ids"].shape
             kwargs["position_ids"] = torch.arange(length, device=kwargs["input_ids"].device).expand(batch, length)
-        return self.model(**kwargs).logits
+        if self.pooling == "model":
+            return self.model(**kwargs).logits
+        hidden = self.model.base_model(**kwargs).last_hidden_state
+        mask = kwargs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        dropout = getattr(self.model, "dropout", None)
+        return self.model.classifier(dropout(pooled) if dropout is not None else pooled)
 
 
 def _image_data(data: DataBundle, model_name: str) -> tuple[int, int]:
@@ -185,7 +211,7 @@ def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> n
     if config.pretrained:
         model = load_pretrained(AutoModelForSequenceClassification, config.pretrained, num_labels=data.num_classes)
         freeze_parameters(model, config.freeze)
-        return SequenceClassifier(model, explicit_positions=model.config.model_type in EXPLICIT_POSITIONS)
+        return SequenceClassifier(model, model.config.model_type in EXPLICIT_POSITIONS, config.pooling)
     if not config.tokenizer.startswith("hf:"):
         raise ConfigurationError(f"model.tokenizer must be hf:NAME, got {config.tokenizer!r}")
     tokenizer = load_tokenizer(config.tokenizer[3:])
@@ -204,7 +230,7 @@ def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> n
         )
     model = AutoModelForSequenceClassification.from_config(model_config)
     freeze_parameters(model, config.freeze)
-    return SequenceClassifier(model, explicit_positions=False)
+    return SequenceClassifier(model, explicit_positions=False, pooling=config.pooling)
 
 
 def build_roberta(config: TextTransformerConfig, data: DataBundle) -> nn.Module:
