@@ -247,6 +247,8 @@ def test_a_stopped_suite_stops_its_running_cells_and_the_next_invocation_reruns_
         assert not any(_holders(log.resolve()) for log in logs), "a cell went on training after the suite stopped"
         assert all(read_outcome(log.parent).status not in ("done", "refused") for log in logs)  # to be run again
         assert {log.parent for log in root.rglob("cell.log")} == {log.parent for log in logs}  # no cell started after
+        invocation = json.loads((root / "suite_runs.json").read_text())[-1]
+        assert invocation["stopped"] and invocation["wall_s"] > 2  # a suite spread over sessions counts every part
     finally:  # a failing run must not leave the suite or its cells behind, even a suite that exited
         with contextlib.suppress(ProcessLookupError):
             os.killpg(leaderboard.pid, signal.SIGKILL)

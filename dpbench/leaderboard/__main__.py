@@ -98,6 +98,7 @@ def main(argv: list[str] | None = None) -> int:
         try:
             Scheduler(suite, root, launcher=args.launcher, parameters=parameters, jobs=args.jobs).run()
         except (KeyboardInterrupt, SystemExit) as stop:
+            record_invocation(root, command, started, time.perf_counter() - clock, stopped=True)
             print(f"dpbench.leaderboard: stopped; the finished cells are kept under {root}: run the same command "
                   f"again to continue", file=sys.stderr)
             return STOPPED if isinstance(stop, SystemExit) else 130

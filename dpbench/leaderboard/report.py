@@ -24,12 +24,13 @@ CSV_COLUMNS = ("task", "method", "variant", "label", "phase", "status", "reason"
                "process_wall_s", "cell")
 
 
-def record_invocation(root: Path, command: list[str], started: datetime, wall_s: float) -> None:
-    """Append one suite invocation (a resumed suite has several) to root/suite_runs.json."""
+def record_invocation(root: Path, command: list[str], started: datetime, wall_s: float, stopped: bool = False) -> None:
+    """Append one suite invocation (a resumed suite has several, stopped ones included) to root/suite_runs.json."""
     path = Path(root) / RUNS_FILE
     runs = json.loads(path.read_text()) if path.exists() else []
     runs.append({"started": started.isoformat(timespec="seconds"), "wall_s": round(wall_s, 1), "command": command,
-                 "machine": machine(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()]})
+                 "machine": machine(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
+                 "stopped": stopped})
     path.write_text(json.dumps(runs, indent=2))
 
 
@@ -42,9 +43,11 @@ def _invocations(runs: list[dict]) -> str:
     def one(run: dict) -> str:
         load = run.get("load_average_at_end")
         return (f"{run['wall_s']:.0f} s ({run['started']}, `{' '.join(run['command'])}`"
+                + (", stopped" if run.get("stopped") else "")
                 + (f", load average 1/5/15 min at its end {load}" if load else "") + ")")
 
-    return ", ".join(one(run) for run in runs)
+    total = f"{sum(run['wall_s'] for run in runs):.0f} s in all: " if len(runs) > 1 else ""
+    return total + ", ".join(one(run) for run in runs)
 
 
 def csv_rows(outcomes: list[Outcome], root: Path) -> list[dict]:
