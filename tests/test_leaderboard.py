@@ -4,6 +4,7 @@ import contextlib
 import csv
 import json
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -89,6 +90,7 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path):
         assert (root / name / "results.json").exists(), (root / name / "cell.log").read_text()
     refused = read_outcome(root / "vit/jl_r1/tune_eps1_t0")
     assert refused.status == "refused" and "unreachable" in refused.reason
+    assert read_outcome(root / "vit/jl_r1/eps1_s0").status == "refused"  # shown per budget, with the reason
     assert not (root / "absent").exists()
     tune = json.loads((root / "cnn/dpsgd/tune_eps1_t0/results.json").read_text())
     assert tune["validation_size"] == 200 and tune["validation_accuracy"] is not None
@@ -108,9 +110,15 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path):
     changed = {path.parent.relative_to(root).as_posix() for path in after if after[path] != before[path]}
     assert changed == {"cnn/dpsgd/eps1_s0"}
 
+    # A cell of a method the suite no longer names (an edited suite) stays on disk but out of the report.
+    dropped = root / "cnn/dropped/eps1_s0"
+    shutil.copytree(root / "cnn/dpsgd/eps1_s0", dropped)
+    record = json.loads((dropped / "cell.json").read_text())
+    (dropped / "cell.json").write_text(json.dumps({**record, "method": "dropped", "variant": "dropped"}))
+
     markdown = build(suite, root, docs, "pytest").read_text()
     rows = list(csv.DictReader((docs / "leaderboard" / "cells.csv").open()))
-    assert len(rows) == 7
+    assert len(rows) == 8 and "left out: 1 cell(s) of methods or rungs the suite no longer names" in markdown
     for row in rows:
         if row["status"] == "done":
             results = json.loads((root / row["cell"] / "results.json").read_text())
@@ -138,6 +146,42 @@ def test_every_method_gets_the_same_trial_points(tmp_path):
     assert [lr for lr, _ in private_points] == [lr for lr, _ in public_points]
     assert len({lr for lr, _ in private_points}) == 4 and all(0.5 <= lr <= 2.0 for lr, _ in private_points)
     assert all(0.5 <= clip <= 2.0 for _, clip in private_points) and {c for _, c in public_points} == {None}
+
+
+def test_every_rung_shown_is_tuned_with_the_same_trials_and_tested_with_its_own_choice(tmp_path):
+    """JL at few projections trains to chance: a choice made there would be noise for the larger rung."""
+    text = TINY.replace("values: [1], keep: 1", "values: [1, 2, 10], keep: 2").replace("trials: 1", "trials: 2")
+    suite = _suite(tmp_path, text)
+    vit = suite.tasks[1]
+    jl = vit.methods[1]
+
+    class Outcomes(Scheduler):
+        """r = 1 is refused; every finished trial scores its lr times its rung (r = 10's best is trial 0)."""
+
+        def _run(self, cell):
+            self.planned.append(cell)
+            if cell.variant == "jl_r1":
+                return "refused"
+            directory = cell.directory(self.root)
+            directory.mkdir(parents=True)
+            rung = int(cell.variant.split("_r")[1])
+            score = cell.lr * rung if rung == 2 else 1 / cell.lr
+            write_json_atomic(directory / "cell.json", {**cell.__dict__})
+            write_json_atomic(directory / "results.json", {"test_metric": "accuracy", "validation_accuracy": score})
+            return "done"
+
+    scheduler = Outcomes(suite, tmp_path / "cells")
+    scheduler.run_method(vit, jl)
+    tunes = {(c.variant, c.trial): (c.lr, c.clip_norm) for c in scheduler.planned if c.phase == "tune"}
+    points = trial_points(vit, jl, 2)
+    assert tunes == {("jl_r1", 0): points[0], ("jl_r2", 0): points[0], ("jl_r2", 1): points[1],
+                     ("jl_r10", 0): points[0], ("jl_r10", 1): points[1]}  # r = 1 refused at its first trial
+    best = {"jl_r2": max(points, key=lambda p: p[0]), "jl_r10": min(points, key=lambda p: p[0])}
+    tests = [c for c in scheduler.planned if c.phase == "test"]
+    assert {c.variant for c in tests} == {"jl_r1", "jl_r2", "jl_r10"}
+    for cell in tests:
+        if cell.variant != "jl_r1":
+            assert (cell.lr, cell.clip_norm) == best[cell.variant], cell.variant
 
 
 def test_choice_is_the_best_validation_trial_and_loss_is_minimised(tmp_path):

@@ -146,7 +146,11 @@ def _task_table(task: Task, entries: list[Entry], tuning: list[Tuning], suite: S
 def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
     """Write docs/leaderboard.md, docs/leaderboard/cells.csv and the figures; return the markdown's path."""
     root, docs = Path(root), Path(docs)
-    outcomes = read_outcomes(root)
+    named = {(task.name, variant.name) for task in suite.tasks for method in task.methods
+             for variant in method.variants()}
+    found = read_outcomes(root)
+    outcomes = [o for o in found if (o.cell.get("task"), o.cell.get("variant")) in named]
+    stale = len(found) - len(outcomes)
     figures = docs / "leaderboard"
     figures.mkdir(parents=True, exist_ok=True)
     rows = csv_rows(outcomes, root)
@@ -173,7 +177,8 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         "",
         f"- Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from {len(outcomes)} cells "
         f"under `{root}` ({counts['done']} done, {counts['refused']} refused, {counts['failed']} failed, "
-        f"{counts['pending']} pending); suite file `{suite.path.name}`.",
+        f"{counts['pending']} pending); suite file `{suite.path.name}`"
+        + (f"; left out: {stale} cell(s) of methods or rungs the suite no longer names" if stale else "") + ".",
         f"- Machine: {runs[-1]['machine'] if runs else machine()}.",
         f"- Wall time: {cell_wall:.0f} s summed over the cells' processes"
         + (f"; suite invocations: {_invocations(runs)}" if runs else "")

@@ -123,29 +123,33 @@ class Scheduler:
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
 
-    def _tune(self, task: Task, method: Method) -> Cell | None:
-        """Trials of the first rung that can run at tune_epsilon; its best trial (None if nothing could run)."""
+    def _tune(self, task: Task, method: Method, variant: Variant) -> Cell | None:
+        """The variant's trials at tune_epsilon and its best one; None if it cannot run there or no trial finished."""
         epsilon = self.suite.tune_epsilon if method.private else None
-        points = trial_points(task, method, self.suite.trials)
-        for variant in method.variants():
-            cells = [cell_for(self.suite, task, method, variant, "tune", epsilon, TUNING_SEED, k, lr, clip)
-                     for k, (lr, clip) in enumerate(points)]
-            if self._run(cells[0]) == "refused":
-                continue
-            for cell in cells[1:]:
-                self._run(cell)
-            return cells[0] if self.dry_run else choose(cells, self.root)
-        return None
+        cells = [cell_for(self.suite, task, method, variant, "tune", epsilon, TUNING_SEED, k, lr, clip)
+                 for k, (lr, clip) in enumerate(trial_points(task, method, self.suite.trials))]
+        if self._run(cells[0]) == "refused":
+            return None
+        for cell in cells[1:]:
+            self._run(cell)
+        return cells[0] if self.dry_run else choose(cells, self.root)
 
     def run_method(self, task: Task, method: Method) -> None:
-        chosen = self._tune(task, method)
-        if chosen is None:
-            return
+        """Each variant shown is tuned with the same trials before its test runs (a ladder's rungs differ too much
+        to share a choice: at few JL projections every trial trains to chance). A rung that cannot run at
+        tune_epsilon borrows the choice of a tuned rung, or trial 0's point: its test cells then mostly record a
+        refusal at each budget."""
+        tuned: dict[str, Cell | None] = {}
+        fallback = trial_points(task, method, self.suite.trials)[0]
         for epsilon in self.suite.budgets if method.private else [None]:
             kept = 0
             for variant in method.variants():
-                cells = [cell_for(self.suite, task, method, variant, "test", epsilon, seed, None, chosen.lr,
-                                  chosen.clip_norm) for seed in self.suite.seeds]
+                if variant.name not in tuned:
+                    tuned[variant.name] = self._tune(task, method, variant)
+                chosen = tuned[variant.name] or next((cell for cell in tuned.values() if cell is not None), None)
+                lr, clip = (chosen.lr, chosen.clip_norm) if chosen is not None else fallback
+                cells = [cell_for(self.suite, task, method, variant, "test", epsilon, seed, None, lr, clip)
+                         for seed in self.suite.seeds]
                 if self._run(cells[0]) == "refused":
                     continue
                 for cell in cells[1:]:
