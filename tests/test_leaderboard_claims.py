@@ -14,7 +14,7 @@ def entry(method: str, epsilon: float | None, accuracy: float | None, step_s: fl
 
 def jl_sentence(rungs: list[Entry]) -> str:
     table = [entry("dpsgd", 3, 0.90, step_s=0.4), *rungs]
-    (sentence,) = [s for s in check_claims([("CNN", "sgd", table)], (3,), 3) if s.startswith("JL")]
+    (sentence,) = [s for s in check_claims([("CNN", "sgd", table, None)], (3,), 3) if s.startswith("JL")]
     return sentence
 
 
@@ -39,13 +39,14 @@ def test_grape_d2p2_and_sparse_verdicts():
     vit = [entry("dpadam", 3, 0.70, peak_mb=200), entry("grape", 3, 0.69, peak_mb=120)]
     cnn = [entry("dpsgd", 1, 0.80), entry("d2p2", 1, 0.84), entry("dpsgd", 8, 0.92), entry("d2p2", 8, 0.93)]
     cnn_worse = [entry("dpsgd", 1, 0.80), entry("d2p2", 1, 0.75), entry("dpsgd", 8, 0.92), entry("d2p2", 8, 0.93)]
-    sentences = check_claims([("ViT", "adam", vit), ("CNN", "sgd", cnn), ("CNN2", "sgd", cnn_worse)], (1, 8), 3)
+    sentences = check_claims([("ViT", "adam", vit, None), ("CNN", "sgd", cnn, None), ("CNN2", "sgd", cnn_worse, None)],
+                             (1, 8), 3)
     grape, d2p2, d2p2_worse = sentences
     assert "0.60x its peak memory" in grape and grape.endswith("holds here.")
     assert d2p2.startswith("D2P2") and d2p2.endswith("holds here.")
     assert d2p2_worse.endswith("**does not hold here**.")
     heavy = check_claims([("ViT", "adam", [entry("dpadam", 3, 0.70, peak_mb=200),
-                                           entry("grape", 3, 0.69, peak_mb=190)])], (3,), 3)
+                                           entry("grape", 3, 0.69, peak_mb=190)], None)], (3,), 3)
     assert heavy[0].endswith("**does not hold here**.")  # 0.95x memory is not "far less"
 
 
@@ -54,3 +55,16 @@ def test_winner_and_margin_over_the_better_vanilla():
              entry("dpsgd", 8, 0.93), entry("dpadam", 8, 0.94)]
     assert winners(table, (3, 8)) == ["epsilon 3: **D2P2-SGD** 95.0%, +3.0 points over dpadam (92.0%)",
                                       "epsilon 8: **dpadam** 94.0% (vanilla itself)"]
+
+
+def test_nothing_is_judged_or_crowned_at_a_constant_prediction_s_accuracy():
+    """Two methods that both predict the majority class are not "close", and neither wins."""
+    table = [entry("dpadam", 3, 0.592, step_s=1.0), entry("jl", 3, 0.592, step_s=0.5, label="JL (r=2)")]
+    (sentence,) = check_claims([("BiLSTM", "adam", table, 0.59)], (3,), 3)
+    assert sentence == ("JL, epsilon 3, BiLSTM: cannot be judged here, dpadam stays at a constant prediction's "
+                        "59.0% (59.2%).")
+    assert check_claims([("BiLSTM", "adam", table, None)], (3,), 3)[0].endswith("holds here.")
+    assert winners(table, (3,), 0.59) == [
+        "epsilon 3: none, no private method beats a constant prediction (59.0%; best dpadam 59.2%)"]
+    learned = [entry("dpadam", 3, 0.75), entry("jl", 3, 0.74, label="JL (r=2)")]
+    assert winners(learned, (3,), 0.59) == ["epsilon 3: **dpadam** 75.0% (vanilla itself)"]

@@ -83,6 +83,13 @@ def test_minilm_is_fine_tuned_from_the_bundled_checkpoint_on_hf_tokenized_text()
                          data)
     trainable = sum(p.numel() for p in frozen.parameters() if p.requires_grad)
     assert 10_000_000 < trainable < 11_000_000  # the six layers, pooler and head; the 11.9M embeddings are fixed
+    probe = build_model(OmegaConf.create({"name": "minilm", "pretrained": "minilm", "freeze": ["bert"],
+                                          "pooling": "mean"}), data)
+    assert [(n, p.numel()) for n, p in probe.named_parameters() if p.requires_grad] == [
+        ("model.classifier.weight", 768), ("model.classifier.bias", 2)]  # the leaderboard's linear probe
+    with pytest.raises(ConfigurationError, match="leaves no parameter to train"):  # the pooler goes first
+        build_model(OmegaConf.create({"name": "minilm", "pretrained": "minilm", "pooling": "mean",
+                                      "freeze": ["bert.embeddings", "bert.encoder", "classifier"]}), data)
 
 
 def test_frozen_parameters_get_no_per_sample_gradient_and_others_still_match_the_loop():
@@ -134,10 +141,27 @@ def test_mean_pooling_reads_only_the_real_tokens_and_drops_the_unused_pooler():
 
 
 def test_mean_pooling_is_refused_for_a_head_that_is_not_one_linear_layer():
+    from transformers import DistilBertConfig, DistilBertForSequenceClassification
+
     with pytest.raises(ConfigurationError, match="model.pooling=mean needs .*RobertaForSequenceClassification"):
         SequenceClassifier(roberta().model, explicit_positions=False, pooling="mean")
+    distilbert = DistilBertForSequenceClassification(DistilBertConfig(vocab_size=40, dim=16, n_layers=1, n_heads=2,
+                                                                      hidden_dim=24, max_position_embeddings=12))
+    with pytest.raises(ConfigurationError, match="head layers pre_classifier.weight, pre_classifier.bias unused"):
+        SequenceClassifier(distilbert, explicit_positions=False, pooling="mean")
     with pytest.raises(ConfigurationError, match="model.pooling must be one of model, mean"):
         bert(pooling="max")
+
+
+def test_fixed_modules_run_without_dropout_while_the_trained_ones_keep_it():
+    model = bert()
+    freeze_parameters(model, ["model.bert.embeddings", "model.bert.encoder.layer.0.attention"])
+    model.train()
+    assert not model.model.bert.embeddings.dropout.training
+    assert not model.model.bert.encoder.layer[0].attention.output.dropout.training
+    assert model.model.bert.encoder.layer[0].output.dropout.training and model.model.dropout.training
+    model.eval()
+    assert not model.model.dropout.training
 
 
 def test_a_freeze_prefix_that_names_nothing_is_refused_with_the_model_s_modules():

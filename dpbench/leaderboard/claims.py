@@ -1,7 +1,9 @@
 """Each paper's headline claim checked against the measured table, one sentence each, with the numbers.
 
 The thresholds are stated in the sentences: "close" accuracy is within 2 points; "far less memory" is at most
-0.7x; "better" is a higher mean test accuracy (lower loss) over the seeds.
+0.7x; "better" is a higher mean test accuracy (lower loss) over the seeds. Where the task names the accuracy of a
+constant prediction (its `chance`), nothing is judged or crowned unless it beats that by a point: two methods that
+both learned nothing are not "close".
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ from dpbench.leaderboard.summary import Entry
 
 CLOSE_POINTS = 2.0
 LESS_MEMORY = 0.7
+ABOVE_CHANCE = 0.01
 
 
 def fmt_value(value: float | None, metric: str | None) -> str:
@@ -34,11 +37,21 @@ def _find(entries: list[Entry], method: str, epsilon: float | None) -> Entry | N
     return None
 
 
+def learned(entry: Entry, chance: float | None) -> bool:
+    """Whether the entry's mean beats a constant prediction (always true where the task names no chance level)."""
+    return chance is None or entry.mean is None or entry.metric != "accuracy" or entry.mean > chance + ABOVE_CHANCE
+
+
+def _at_chance(claim: str, task: str, base: Entry, chance: float) -> str:
+    return (f"{claim}, {task}: cannot be judged here, {base.label} stays at a constant prediction's "
+            f"{fmt_value(chance, 'accuracy')} ({fmt_value(base.mean, 'accuracy')}).")
+
+
 def _verdict(holds: bool) -> str:
     return "holds here" if holds else "**does not hold here**"
 
 
-def winners(entries: list[Entry], budgets: tuple[float, ...]) -> list[str]:
+def winners(entries: list[Entry], budgets: tuple[float, ...], chance: float | None = None) -> list[str]:
     """Per budget: the best private method and its margin over the best vanilla DP-SGD / DP-Adam."""
     lines = []
     for epsilon in budgets:
@@ -50,6 +63,10 @@ def winners(entries: list[Entry], budgets: tuple[float, ...]) -> list[str]:
         for entry in measured[1:]:
             if is_better(entry.mean, best.mean, metric):
                 best = entry
+        if not learned(best, chance):
+            lines.append(f"epsilon {epsilon:g}: none, no private method beats a constant prediction "
+                         f"({fmt_value(chance, 'accuracy')}; best {best.label} {fmt_value(best.mean, metric)})")
+            continue
         vanilla = [e for e in measured if e.method in ("dpsgd", "dpadam")]
         against = ""
         if vanilla:
@@ -63,7 +80,7 @@ def winners(entries: list[Entry], budgets: tuple[float, ...]) -> list[str]:
     return lines
 
 
-def _jl(task: str, entries: list[Entry], optimizer: str, epsilon: float) -> str | None:
+def _jl(task: str, entries: list[Entry], optimizer: str, epsilon: float, chance: float | None) -> str | None:
     """Every measured rung against vanilla with the same optimizer: the claim holds if one rung is close and faster."""
     rungs = [e for e in entries if e.method == "jl" and e.epsilon == epsilon]
     if not rungs:
@@ -74,11 +91,13 @@ def _jl(task: str, entries: list[Entry], optimizer: str, epsilon: float) -> str 
     if not measured:
         return (f"JL, {task}, epsilon {epsilon:g}: cannot be checked, every rung tried was refused "
                 f"({', '.join(refused)}).")
-    if base is None or base.cost("step_s") is None or any(jl.cost("step_s") is None for jl in measured):
+    if base is None or base.cost("step_s") is None:
         return f"JL, {task}: no vanilla run with the same optimizer at epsilon {epsilon:g} to compare with."
+    if not learned(base, chance):
+        return _at_chance(f"JL, epsilon {epsilon:g}", task, base, chance)
     metric = base.metric
     parts, holds = [], False
-    for jl in measured:
+    for jl in (e for e in measured if e.cost("step_s") is not None):
         ratio = jl.cost("step_s") / base.cost("step_s")
         close = abs(100 * (jl.mean - base.mean)) <= CLOSE_POINTS if metric == "accuracy" else not is_better(
             base.mean, jl.mean, metric)
@@ -91,10 +110,12 @@ def _jl(task: str, entries: list[Entry], optimizer: str, epsilon: float) -> str 
             f"{_verdict(holds)}.")
 
 
-def _grape(task: str, entries: list[Entry], epsilon: float) -> str | None:
+def _grape(task: str, entries: list[Entry], epsilon: float, chance: float | None) -> str | None:
     grape, base = _find(entries, "grape", epsilon), _find(entries, "dpadam", epsilon)
     if grape is None or base is None or not grape.peak_mb or not base.peak_mb:
         return None
+    if not learned(base, chance):
+        return _at_chance(f"GRAPE, epsilon {epsilon:g}", task, base, chance)
     metric = grape.metric
     ratio = grape.cost("peak_mb") / base.cost("peak_mb")
     close = abs(100 * (grape.mean - base.mean)) <= CLOSE_POINTS
@@ -105,11 +126,13 @@ def _grape(task: str, entries: list[Entry], epsilon: float) -> str | None:
             f"{_verdict(close and ratio <= LESS_MEMORY)}.")
 
 
-def _d2p2(task: str, entries: list[Entry], budgets: tuple[float, ...]) -> str | None:
+def _d2p2(task: str, entries: list[Entry], budgets: tuple[float, ...], chance: float | None) -> str | None:
     pairs = [(eps, _find(entries, "d2p2", eps), _find(entries, "dpsgd", eps)) for eps in budgets]
     pairs = [(eps, d, b) for eps, d, b in pairs if d is not None and b is not None]
     if not pairs:
         return None
+    if not any(learned(b, chance) or learned(d, chance) for _, d, b in pairs):
+        return _at_chance("D2P2", task, pairs[-1][2], chance)
     metric = pairs[0][1].metric
     parts = [f"epsilon {eps:g}: {fmt_value(d.mean, metric)} vs {fmt_value(b.mean, metric)} "
              f"({margin(d.mean, b.mean, metric)})" for eps, d, b in pairs]
@@ -124,23 +147,25 @@ def _d2p2(task: str, entries: list[Entry], budgets: tuple[float, ...]) -> str | 
             f"{'; '.join(parts)}: {_verdict(holds)}.")
 
 
-def _sparse(task: str, entries: list[Entry], epsilon: float) -> str | None:
+def _sparse(task: str, entries: list[Entry], epsilon: float, chance: float | None) -> str | None:
     sparse = _find(entries, "sparse", epsilon)
     base = _find(entries, "dpadam", epsilon) or _find(entries, "dpsgd", epsilon)
     if sparse is None or base is None:
         return None
+    if not learned(base, chance):
+        return _at_chance(f"sparse, epsilon {epsilon:g}", task, base, chance)
     metric = sparse.metric
     return (f"sparse (lower word2vec loss than DP-SGD), {task}, epsilon {epsilon:g}: test {metric} "
             f"{fmt_value(sparse.mean, metric)} vs {base.label} {fmt_value(base.mean, metric)} "
             f"({margin(sparse.mean, base.mean, metric)}): {_verdict(is_better(sparse.mean, base.mean, metric))}.")
 
 
-def check_claims(tasks: list[tuple[str, str, list[Entry]]], budgets: tuple[float, ...],
+def check_claims(tasks: list[tuple[str, str, list[Entry], float | None]], budgets: tuple[float, ...],
                  reference: float) -> list[str]:
-    """tasks: (title, task optimizer, entries). Sentences for every claim the table can check."""
+    """tasks: (title, task optimizer, entries, chance level or None). Sentences for every claim the table can check."""
     sentences = []
-    for title, optimizer, entries in tasks:
-        found = [_jl(title, entries, optimizer, reference), _grape(title, entries, reference),
-                 _d2p2(title, entries, budgets), _sparse(title, entries, reference)]
+    for title, optimizer, entries, chance in tasks:
+        found = [_jl(title, entries, optimizer, reference, chance), _grape(title, entries, reference, chance),
+                 _d2p2(title, entries, budgets, chance), _sparse(title, entries, reference, chance)]
         sentences += [s for s in found if s]
     return sentences

@@ -31,7 +31,9 @@ def record_invocation(root: Path, command: list[str], started: datetime, wall_s:
     runs.append({"started": started.isoformat(timespec="seconds"), "wall_s": round(wall_s, 1), "command": command,
                  "machine": machine(), "load_average_at_end": [round(x, 2) for x in os.getloadavg()],
                  "stopped": stopped})
-    path.write_text(json.dumps(runs, indent=2))
+    temporary = path.with_suffix(".json.tmp")  # a second signal mid-write must not leave a broken record
+    temporary.write_text(json.dumps(runs, indent=2))
+    os.replace(temporary, path)
 
 
 def machine() -> str:
@@ -215,7 +217,7 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         if task.note:
             lines += [task.note, ""]
         lines += _task_table(task, task_entries, tuning.get(task.name, []), suite)
-        best = winners(task_entries, suite.budgets)
+        best = winners(task_entries, suite.budgets, task.chance)
         if best:
             lines += ["Winner per budget:", "", *(f"- {line}" for line in best), ""]
         for figure in (epsilon_plot(task_entries, task.title, figures / f"{task.name}_epsilon.png"),
@@ -223,7 +225,7 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
             if figure:
                 lines += [f"![{figure.stem}](leaderboard/{figure.name})", ""]
         panels.append((task.title, task_entries))
-        claim_inputs.append((task.title, task.optimizer, task_entries))
+        claim_inputs.append((task.title, task.optimizer, task_entries, task.chance))
     headline = headline_plot(panels, figures / "headline.png")
     if headline:
         lines[lines.index("## Results per task"):lines.index("## Results per task")] = [

@@ -53,6 +53,9 @@ class Task:
     requires: str | None = None
     note: str | None = None
     """Printed under the task's title in the report: what a reader must know to read its table."""
+    chance: float | None = None
+    """The test accuracy of a constant prediction (the majority class): no claim is judged nor winner named below
+    it."""
 
     def skip_reason(self) -> str | None:
         """Why the task cannot run on this machine (its data is not installed), or None."""
@@ -135,7 +138,7 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
             clip=_pair(spec["clip"], f"{path}: tasks.{task_name}.clip"),
             validation_size=int(spec["validation_size"]),
             methods=tuple(methods[m] for m in entry["methods"]), requires=spec.get("requires"),
-            note=spec.get("note"),
+            note=spec.get("note"), chance=None if spec.get("chance") is None else float(spec["chance"]),
         ))
     tune_epsilon = float(chosen["tune_epsilon"])
     budgets = tuple(float(b) for b in chosen["budgets"])

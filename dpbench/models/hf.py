@@ -88,7 +88,8 @@ class TextTransformerConfig:
     dropout: float = 0.1
     freeze: list[str] = field(default_factory=list)
     """Parameter-name prefixes kept fixed (e.g. [bert.embeddings] for MiniLM): the usual cheaper private fine-tuning,
-    as their per-sample gradients are neither formed nor noised."""
+    as their per-sample gradients are neither formed nor noised; a module left with no trainable parameter runs
+    without dropout."""
     pooling: str = "model"
     """model: the checkpoint's own head (BERT's [CLS] pooler); mean: the classifier reads the mean of the last hidden
     states over the real tokens, the pooling sentence encoders such as all-MiniLM-L6-v2 were trained with."""
@@ -115,8 +116,9 @@ POOLINGS = ("model", "mean")
 class SequenceClassifier(nn.Module):
     """{input_ids, attention_mask, ...} -> logits, with per-sample position ids for BERT-style embeddings.
 
-    With mean pooling the checkpoint's [CLS] pooler is removed (an unused layer would have no per-sample gradient)
-    and its classification layer reads the masked mean of the last hidden states.
+    With mean pooling the checkpoint's [CLS] pooler is removed (unused, it would still be noised) and its linear
+    `classifier` reads the masked mean of the last hidden states. Modules whose parameters are all fixed
+    (model.freeze) run as in evaluation, dropout off: a fixed encoder gives fixed features.
     """
 
     def __init__(self, model: nn.Module, explicit_positions: bool, pooling: str = "model"):
@@ -124,15 +126,19 @@ class SequenceClassifier(nn.Module):
         if pooling not in POOLINGS:
             raise ConfigurationError(f"model.pooling must be one of {', '.join(POOLINGS)}, got {pooling!r}")
         if pooling == "mean":
-            if not isinstance(getattr(model, "classifier", None), nn.Linear):
-                raise ConfigurationError(
-                    f"model.pooling=mean needs a checkpoint whose head is one linear `classifier` layer (BERT-style); "
-                    f"{type(model).__name__} has another head: use model.pooling=model")
-            if getattr(model.base_model, "pooler", None) is not None:
-                model.base_model.pooler = None
+            _remove_pooler(model)
         self.model = model
         self.explicit_positions = explicit_positions
         self.pooling = pooling
+
+    def train(self, mode: bool = True) -> SequenceClassifier:
+        super().train(mode)
+        if mode:
+            for module in self.model.modules():
+                parameters = list(module.parameters())
+                if parameters and not any(p.requires_grad for p in parameters):
+                    module.eval()
+        return self
 
     def forward(self, inputs: dict[str, Tensor]) -> Tensor:
         if not isinstance(inputs, dict):
@@ -143,11 +149,27 @@ class SequenceClassifier(nn.Module):
             kwargs["position_ids"] = torch.arange(length, device=kwargs["input_ids"].device).expand(batch, length)
         if self.pooling == "model":
             return self.model(**kwargs).logits
-        hidden = self.model.base_model(**kwargs).last_hidden_state
-        mask = kwargs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+        hidden = self.model.base_model(**kwargs, return_dict=True).last_hidden_state
+        mask = kwargs.get("attention_mask", torch.ones_like(kwargs["input_ids"])).unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
         dropout = getattr(self.model, "dropout", None)
-        return self.model.classifier(dropout(pooled) if dropout is not None else pooled)
+        return self.model.classifier(dropout(pooled) if isinstance(dropout, nn.Module) else pooled)
+
+
+def _remove_pooler(model: nn.Module) -> None:
+    """Mean pooling keeps the encoder and the linear `classifier`; any other trainable head layer is refused."""
+    if not isinstance(getattr(model, "classifier", None), nn.Linear):
+        raise ConfigurationError(
+            f"model.pooling=mean needs a checkpoint whose head is one linear `classifier` layer (BERT-style); "
+            f"{type(model).__name__} has another head: use model.pooling=model")
+    if getattr(model.base_model, "pooler", None) is not None:
+        model.base_model.pooler = None
+    kept = (f"{model.base_model_prefix}.", "classifier.")
+    unused = [name for name, param in model.named_parameters() if param.requires_grad and not name.startswith(kept)]
+    if unused:
+        raise ConfigurationError(
+            f"model.pooling=mean would leave {type(model).__name__}'s head layers {', '.join(unused)} unused (they "
+            "would be noised for nothing): use model.pooling=model")
 
 
 def _image_data(data: DataBundle, model_name: str) -> tuple[int, int]:
@@ -210,8 +232,9 @@ def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> n
     _text_data(data, kind)
     if config.pretrained:
         model = load_pretrained(AutoModelForSequenceClassification, config.pretrained, num_labels=data.num_classes)
+        classifier = SequenceClassifier(model, model.config.model_type in EXPLICIT_POSITIONS, config.pooling)
         freeze_parameters(model, config.freeze)
-        return SequenceClassifier(model, model.config.model_type in EXPLICIT_POSITIONS, config.pooling)
+        return classifier
     if not config.tokenizer.startswith("hf:"):
         raise ConfigurationError(f"model.tokenizer must be hf:NAME, got {config.tokenizer!r}")
     tokenizer = load_tokenizer(config.tokenizer[3:])
@@ -229,8 +252,9 @@ def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> n
             word_embed_proj_dim=config.hidden_size, dropout=config.dropout, attention_dropout=config.dropout,
         )
     model = AutoModelForSequenceClassification.from_config(model_config)
+    classifier = SequenceClassifier(model, explicit_positions=False, pooling=config.pooling)
     freeze_parameters(model, config.freeze)
-    return SequenceClassifier(model, explicit_positions=False, pooling=config.pooling)
+    return classifier
 
 
 def build_roberta(config: TextTransformerConfig, data: DataBundle) -> nn.Module:
