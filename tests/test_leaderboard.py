@@ -184,6 +184,20 @@ def test_every_rung_shown_is_tuned_with_the_same_trials_and_tested_with_its_own_
             assert (cell.lr, cell.clip_norm) == best[cell.variant], cell.variant
 
 
+def test_a_method_whose_trials_all_failed_runs_no_test_cell(tmp_path):
+    suite = _suite(tmp_path)
+    cnn = suite.tasks[0]
+
+    class Failing(Scheduler):
+        def _run(self, cell):
+            self.planned.append(cell)
+            return "failed"
+
+    scheduler = Failing(suite, tmp_path / "cells")
+    scheduler.run_method(cnn, cnn.methods[1])
+    assert [c.phase for c in scheduler.planned] == ["tune"]  # trial 0 failed: nothing to test
+
+
 def test_choice_is_the_best_validation_trial_and_loss_is_minimised(tmp_path):
     def trial(k: int, value: float, metric: str) -> Cell:
         cell = Cell("t", "m", "m", "m", "tune", 3.0, 0, k, lr=0.1 * (k + 1), clip_norm=1.0)

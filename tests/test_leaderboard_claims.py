@@ -61,10 +61,23 @@ def test_nothing_is_judged_or_crowned_at_a_constant_prediction_s_accuracy():
     """Two methods that both predict the majority class are not "close", and neither wins."""
     table = [entry("dpadam", 3, 0.592, step_s=1.0), entry("jl", 3, 0.592, step_s=0.5, label="JL (r=2)")]
     (sentence,) = check_claims([("BiLSTM", "adam", table, 0.59)], (3,), 3)
-    assert sentence == ("JL, epsilon 3, BiLSTM: cannot be judged here, dpadam stays at a constant prediction's "
-                        "59.0% (59.2%).")
+    assert sentence == ("JL, epsilon 3, BiLSTM: cannot be judged here, no method compared beats a constant "
+                        "prediction's 59.0% (dpadam 59.2%, JL (r=2) 59.2%).")
     assert check_claims([("BiLSTM", "adam", table, None)], (3,), 3)[0].endswith("holds here.")
     assert winners(table, (3,), 0.59) == [
         "epsilon 3: none, no private method beats a constant prediction (59.0%; best dpadam 59.2%)"]
     learned = [entry("dpadam", 3, 0.75), entry("jl", 3, 0.74, label="JL (r=2)")]
     assert winners(learned, (3,), 0.59) == ["epsilon 3: **dpadam** 75.0% (vanilla itself)"]
+
+
+def test_d2p2_is_judged_only_on_budgets_where_something_learned():
+    at_chance_small_eps = [entry("dpsgd", 1, 0.59), entry("d2p2", 1, 0.595), entry("dpsgd", 8, 0.80),
+                           entry("d2p2", 8, 0.70)]
+    (sentence,) = check_claims([("BiLSTM", "sgd", at_chance_small_eps, 0.59)], (1, 8), 8)
+    assert "epsilon 1" not in sentence and sentence.endswith("**does not hold here**.")
+
+
+def test_jl_without_timings_cannot_be_checked():
+    untimed = entry("jl", 3, 0.89, label="JL (r=10)")
+    untimed.step_s = []
+    assert jl_sentence([untimed]).endswith("cannot be checked, no rung recorded its time per step.")

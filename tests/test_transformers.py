@@ -87,6 +87,8 @@ def test_minilm_is_fine_tuned_from_the_bundled_checkpoint_on_hf_tokenized_text()
                                           "pooling": "mean"}), data)
     assert [(n, p.numel()) for n, p in probe.named_parameters() if p.requires_grad] == [
         ("model.classifier.weight", 768), ("model.classifier.bias", 2)]  # the leaderboard's linear probe
+    assert probe.training and probe.model.dropout.training  # the trained head keeps its dropout
+    assert not any(module.training for module in probe.model.bert.modules())  # the fixed encoder runs as in eval
     with pytest.raises(ConfigurationError, match="leaves no parameter to train"):  # the pooler goes first
         build_model(OmegaConf.create({"name": "minilm", "pretrained": "minilm", "pooling": "mean",
                                       "freeze": ["bert.embeddings", "bert.encoder", "classifier"]}), data)

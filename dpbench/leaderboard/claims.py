@@ -42,9 +42,10 @@ def learned(entry: Entry, chance: float | None) -> bool:
     return chance is None or entry.mean is None or entry.metric != "accuracy" or entry.mean > chance + ABOVE_CHANCE
 
 
-def _at_chance(claim: str, task: str, base: Entry, chance: float) -> str:
-    return (f"{claim}, {task}: cannot be judged here, {base.label} stays at a constant prediction's "
-            f"{fmt_value(chance, 'accuracy')} ({fmt_value(base.mean, 'accuracy')}).")
+def _at_chance(claim: str, task: str, compared: list[Entry], chance: float) -> str:
+    means = ", ".join(f"{e.label} {fmt_value(e.mean, 'accuracy')}" for e in compared)
+    return (f"{claim}, {task}: cannot be judged here, no method compared beats a constant prediction's "
+            f"{fmt_value(chance, 'accuracy')} ({means}).")
 
 
 def _verdict(holds: bool) -> str:
@@ -93,18 +94,23 @@ def _jl(task: str, entries: list[Entry], optimizer: str, epsilon: float, chance:
                 f"({', '.join(refused)}).")
     if base is None or base.cost("step_s") is None:
         return f"JL, {task}: no vanilla run with the same optimizer at epsilon {epsilon:g} to compare with."
-    if not learned(base, chance):
-        return _at_chance(f"JL, epsilon {epsilon:g}", task, base, chance)
+    if not any(learned(e, chance) for e in [base, *measured]):
+        return _at_chance(f"JL, epsilon {epsilon:g}", task, [base, *measured], chance)
+    timed = [e for e in measured if e.cost("step_s") is not None]
+    if not timed:
+        return f"JL, {task}, epsilon {epsilon:g}: cannot be checked, no rung recorded its time per step."
     metric = base.metric
     parts, holds = [], False
-    for jl in (e for e in measured if e.cost("step_s") is not None):
+    for jl in timed:
         ratio = jl.cost("step_s") / base.cost("step_s")
         close = abs(100 * (jl.mean - base.mean)) <= CLOSE_POINTS if metric == "accuracy" else not is_better(
             base.mean, jl.mean, metric)
         holds = holds or (close and ratio < 1)
         parts.append(f"{jl.label} {fmt_value(jl.mean, metric)} ({margin(jl.mean, base.mean, metric)}) at "
                      f"{ratio:.2f}x its time per step")
-    note = f" (smaller r refused: {', '.join(refused)})" if refused else ""
+    untimed = [e.label for e in measured if e not in timed]
+    note = (f" (smaller r refused: {', '.join(refused)})" if refused else "") + (
+        f" (no timings: {', '.join(untimed)})" if untimed else "")
     return (f"JL (norms from r projections: accuracy close to DP-SGD at a fraction of the time), {task}, epsilon "
             f"{epsilon:g}, against {base.label} {fmt_value(base.mean, metric)}{note}: {'; '.join(parts)}: "
             f"{_verdict(holds)}.")
@@ -114,8 +120,8 @@ def _grape(task: str, entries: list[Entry], epsilon: float, chance: float | None
     grape, base = _find(entries, "grape", epsilon), _find(entries, "dpadam", epsilon)
     if grape is None or base is None or not grape.peak_mb or not base.peak_mb:
         return None
-    if not learned(base, chance):
-        return _at_chance(f"GRAPE, epsilon {epsilon:g}", task, base, chance)
+    if not learned(base, chance) and not learned(grape, chance):
+        return _at_chance(f"GRAPE, epsilon {epsilon:g}", task, [grape, base], chance)
     metric = grape.metric
     ratio = grape.cost("peak_mb") / base.cost("peak_mb")
     close = abs(100 * (grape.mean - base.mean)) <= CLOSE_POINTS
@@ -131,8 +137,10 @@ def _d2p2(task: str, entries: list[Entry], budgets: tuple[float, ...], chance: f
     pairs = [(eps, d, b) for eps, d, b in pairs if d is not None and b is not None]
     if not pairs:
         return None
-    if not any(learned(b, chance) or learned(d, chance) for _, d, b in pairs):
-        return _at_chance("D2P2", task, pairs[-1][2], chance)
+    learning = [(eps, d, b) for eps, d, b in pairs if learned(b, chance) or learned(d, chance)]
+    if not learning:
+        return _at_chance("D2P2", task, [pairs[-1][1], pairs[-1][2]], chance)
+    pairs = learning  # a budget where neither learned says nothing about "better"
     metric = pairs[0][1].metric
     parts = [f"epsilon {eps:g}: {fmt_value(d.mean, metric)} vs {fmt_value(b.mean, metric)} "
              f"({margin(d.mean, b.mean, metric)})" for eps, d, b in pairs]
@@ -152,8 +160,8 @@ def _sparse(task: str, entries: list[Entry], epsilon: float, chance: float | Non
     base = _find(entries, "dpadam", epsilon) or _find(entries, "dpsgd", epsilon)
     if sparse is None or base is None:
         return None
-    if not learned(base, chance):
-        return _at_chance(f"sparse, epsilon {epsilon:g}", task, base, chance)
+    if not learned(base, chance) and not learned(sparse, chance):
+        return _at_chance(f"sparse, epsilon {epsilon:g}", task, [sparse, base], chance)
     metric = sparse.metric
     return (f"sparse (lower word2vec loss than DP-SGD), {task}, epsilon {epsilon:g}: test {metric} "
             f"{fmt_value(sparse.mean, metric)} vs {base.label} {fmt_value(base.mean, metric)} "

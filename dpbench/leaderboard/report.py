@@ -191,7 +191,9 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         "(the same log-scale Halton points of the task's ranges), run at epsilon "
         f"{suite.tune_epsilon:g} with seed 0 on a validation split carved from the training data; the best trial by "
         f"validation metric is reused at every budget, and seed(s) {', '.join(map(str, suite.seeds))} are trained on "
-        "the whole training set and evaluated on the test split (mean ± std over seeds).",
+        "the whole training set and evaluated on the test split (mean ± std over seeds). Each rung of a ladder (JL's "
+        "r) shown is tuned on its own with the same trials; a rung refused at the tuning budget runs at the first "
+        "trial's point, which records its refusal.",
         "- **The epsilon of each run does not count the tuning**: choosing among the trials on private data spends "
         "privacy that no figure here includes.",
         "- A method that cannot reach a budget is shown as `cannot reach epsilon X: <dpbench's reason>`; JL runs "

@@ -77,6 +77,10 @@ def choose(cells: list[Cell], root: Path) -> Cell | None:
     return best
 
 
+REFUSED, UNFINISHED = "refused", "unfinished"
+"""What tuning a variant gave instead of a chosen trial."""
+
+
 class Scheduler:
     """Runs (or, with dry_run, lists) the cells of a suite; every cell already recorded is skipped."""
 
@@ -123,31 +127,37 @@ class Scheduler:
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
 
-    def _tune(self, task: Task, method: Method, variant: Variant) -> Cell | None:
-        """The variant's trials at tune_epsilon and its best one; None if it cannot run there or no trial finished."""
+    def _tune(self, task: Task, method: Method, variant: Variant) -> Cell | str:
+        """The variant's trials at tune_epsilon and its best one, else REFUSED (it cannot run there) or UNFINISHED
+        (no trial finished with a finite metric)."""
         epsilon = self.suite.tune_epsilon if method.private else None
         cells = [cell_for(self.suite, task, method, variant, "tune", epsilon, TUNING_SEED, k, lr, clip)
                  for k, (lr, clip) in enumerate(trial_points(task, method, self.suite.trials))]
         if self._run(cells[0]) == "refused":
-            return None
+            return REFUSED
         for cell in cells[1:]:
             self._run(cell)
-        return cells[0] if self.dry_run else choose(cells, self.root)
+        return cells[0] if self.dry_run else choose(cells, self.root) or UNFINISHED
 
     def run_method(self, task: Task, method: Method) -> None:
         """Each variant shown is tuned with the same trials before its test runs (a ladder's rungs differ too much
-        to share a choice: at few JL projections every trial trains to chance). A rung that cannot run at
-        tune_epsilon borrows the choice of a tuned rung, or trial 0's point: its test cells then mostly record a
-        refusal at each budget."""
-        tuned: dict[str, Cell | None] = {}
-        fallback = trial_points(task, method, self.suite.trials)[0]
+        to share a choice: at few JL projections every trial trains to chance). A variant refused at tune_epsilon
+        runs its test cells at trial 0's point, which records its refusal at each budget (the tuning list shows it
+        untuned should a larger budget reach it); one whose trials all failed runs no test cell."""
+        tuned: dict[str, Cell | str] = {}
+        untuned = trial_points(task, method, self.suite.trials)[0]
         for epsilon in self.suite.budgets if method.private else [None]:
             kept = 0
             for variant in method.variants():
                 if variant.name not in tuned:
                     tuned[variant.name] = self._tune(task, method, variant)
-                chosen = tuned[variant.name] or next((cell for cell in tuned.values() if cell is not None), None)
-                lr, clip = (chosen.lr, chosen.clip_norm) if chosen is not None else fallback
+                chosen = tuned[variant.name]
+                if isinstance(chosen, Cell):
+                    lr, clip = chosen.lr, chosen.clip_norm
+                elif chosen == REFUSED:
+                    lr, clip = untuned
+                else:
+                    continue
                 cells = [cell_for(self.suite, task, method, variant, "test", epsilon, seed, None, lr, clip)
                          for seed in self.suite.seeds]
                 if self._run(cells[0]) == "refused":

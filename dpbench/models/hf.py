@@ -118,7 +118,8 @@ class SequenceClassifier(nn.Module):
 
     With mean pooling the checkpoint's [CLS] pooler is removed (unused, it would still be noised) and its linear
     `classifier` reads the masked mean of the last hidden states. Modules whose parameters are all fixed
-    (model.freeze) run as in evaluation, dropout off: a fixed encoder gives fixed features.
+    (model.freeze) run as in evaluation, dropout off: a fixed encoder gives fixed features. Built models start in
+    training mode, pretrained or not (Lightning does not switch modes when training starts).
     """
 
     def __init__(self, model: nn.Module, explicit_positions: bool, pooling: str = "model"):
@@ -165,7 +166,7 @@ def _remove_pooler(model: nn.Module) -> None:
     if getattr(model.base_model, "pooler", None) is not None:
         model.base_model.pooler = None
     kept = (f"{model.base_model_prefix}.", "classifier.")
-    unused = [name for name, param in model.named_parameters() if param.requires_grad and not name.startswith(kept)]
+    unused = [name for name, _ in model.named_parameters() if not name.startswith(kept)]
     if unused:
         raise ConfigurationError(
             f"model.pooling=mean would leave {type(model).__name__}'s head layers {', '.join(unused)} unused (they "
@@ -234,7 +235,7 @@ def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> n
         model = load_pretrained(AutoModelForSequenceClassification, config.pretrained, num_labels=data.num_classes)
         classifier = SequenceClassifier(model, model.config.model_type in EXPLICIT_POSITIONS, config.pooling)
         freeze_parameters(model, config.freeze)
-        return classifier
+        return classifier.train()  # from_pretrained hands the model over in eval mode
     if not config.tokenizer.startswith("hf:"):
         raise ConfigurationError(f"model.tokenizer must be hf:NAME, got {config.tokenizer!r}")
     tokenizer = load_tokenizer(config.tokenizer[3:])
@@ -254,7 +255,7 @@ def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> n
     model = AutoModelForSequenceClassification.from_config(model_config)
     classifier = SequenceClassifier(model, explicit_positions=False, pooling=config.pooling)
     freeze_parameters(model, config.freeze)
-    return classifier
+    return classifier.train()
 
 
 def build_roberta(config: TextTransformerConfig, data: DataBundle) -> nn.Module:
