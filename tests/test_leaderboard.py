@@ -41,6 +41,7 @@ tasks:
     validation_size: 200
   vit:
     title: tiny ViT
+    delta: 1.0e-6
     overrides: [model=vit, data=mnist5k, batch_size=100, max_steps=3]
     optimizer: sgd
     lr: {sgd: [0.5, 2.0]}
@@ -97,6 +98,8 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path):
     final = json.loads((root / "cnn/dpsgd/eps1_s0/results.json").read_text())
     assert final["validation_size"] == 0 and final["target_epsilon"] == 1.0
     assert final["config"]["optimizer"]["lr"] == tune["config"]["optimizer"]["lr"]
+    assert final["delta"] == 1e-5  # the suite's delta, and a task's own where it sets one
+    assert json.loads((root / "vit/dpsgd/eps1_s0/results.json").read_text())["delta"] == 1e-6
 
     # Resume: only the deleted cell runs again; the refused rung is not retried.
     before = _results_files(root)
@@ -134,6 +137,7 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path):
     assert "| JL (r=1) |" in markdown and "cannot reach epsilon 1: " + refused.reason in markdown
     cnn_section = markdown.split("### tiny CNN")[1].split("###")[0]
     assert "Three steps only, so the numbers say nothing." in cnn_section
+    assert "at delta 1e-05 for every task but tiny ViT: 1e-06 (below 1/N^1.1" in markdown
     assert "does not count the tuning" in markdown and "/nonexistent/fashion-mnist does not exist" in markdown
     assert (docs / "leaderboard" / "headline.png").exists()
 

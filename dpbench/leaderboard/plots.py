@@ -17,7 +17,7 @@ def _axis_label(metric: str) -> str:
     return f"test {metric} ({'lower' if metric == 'loss' else 'higher'} is better)"
 
 
-def draw_epsilon(axes, entries: list[Entry], title: str) -> bool:
+def draw_epsilon(axes, entries: list[Entry], title: str, delta: float) -> bool:
     """Mean +- std over seeds against epsilon, one line per variant; non-private as a dashed line."""
     lines: dict[str, list[Entry]] = defaultdict(list)
     metric = None
@@ -40,7 +40,7 @@ def draw_epsilon(axes, entries: list[Entry], title: str) -> bool:
     axes.set_xticks(budgets, [f"{b:g}" for b in budgets])
     axes.minorticks_off()
     axes.ticklabel_format(axis="y", useOffset=False)
-    axes.set_xlabel("epsilon (delta 1e-5)")
+    axes.set_xlabel(f"epsilon (delta {delta:g})")
     axes.set_ylabel(_axis_label(metric))
     axes.set_title(title, fontsize=9)
     axes.grid(alpha=0.3)
@@ -87,9 +87,9 @@ def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str) -> bool:
     return True
 
 
-def epsilon_plot(entries: list[Entry], title: str, path: Path) -> Path | None:
+def epsilon_plot(entries: list[Entry], title: str, delta: float, path: Path) -> Path | None:
     figure, axes = plt.subplots(figsize=(6, 4))
-    drawn = draw_epsilon(axes, entries, title)
+    drawn = draw_epsilon(axes, entries, title, delta)
     return _save(figure, path) if drawn else _discard(figure)
 
 
@@ -103,16 +103,16 @@ def cost_plot(entries: list[Entry], epsilon: float, title: str, path: Path) -> P
     return _save(figure, path) if drawn else _discard(figure)
 
 
-def headline_plot(panels: list[tuple[str, list[Entry]]], path: Path) -> Path | None:
-    """Every task's metric-vs-epsilon panel in one figure (the README's picture)."""
-    panels = [(title, entries) for title, entries in panels if any(e.mean is not None for e in entries)]
+def headline_plot(panels: list[tuple[str, list[Entry], float]], path: Path) -> Path | None:
+    """Every task's metric-vs-epsilon panel (title, entries, delta) in one figure (the README's picture)."""
+    panels = [panel for panel in panels if any(e.mean is not None for e in panel[1])]
     if not panels:
         return None
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
     figure, grid = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), squeeze=False)
-    for axes, (title, entries) in zip(grid.flat, panels, strict=False):
-        draw_epsilon(axes, entries, title)
+    for axes, (title, entries, delta) in zip(grid.flat, panels, strict=False):
+        draw_epsilon(axes, entries, title, delta)
     for axes in list(grid.flat)[len(panels):]:
         axes.set_visible(False)
     return _save(figure, path)

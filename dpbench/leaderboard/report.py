@@ -71,6 +71,12 @@ def csv_rows(outcomes: list[Outcome], root: Path) -> list[dict]:
     return rows
 
 
+def _deltas(suite: Suite) -> str:
+    """'delta 1e-05 for every task', or the suite's delta and the tasks that set their own."""
+    own = [f"{task.title}: {task.delta:g}" for task in suite.tasks if task.delta != suite.delta]
+    return f"delta {suite.delta:g} for every task" + (f" but {'; '.join(own)}" if own else "")
+
+
 def _order(task: Task, entries: list[Entry]) -> list[Entry]:
     rank = {}
     for i, method in enumerate(task.methods):
@@ -185,8 +191,8 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         f"- Wall time: {cell_wall:.0f} s summed over the cells' processes"
         + (f"; suite invocations: {_invocations(runs)}" if runs else "")
         + ".",
-        f"- Budgets: epsilon {', '.join(f'{b:g}' for b in suite.budgets)} at delta {suite.delta:g} for every task "
-        "(below 1/N^1.1 for every training set here).",
+        f"- Budgets: epsilon {', '.join(f'{b:g}' for b in suite.budgets)} at {_deltas(suite)} (below 1/N^1.1 for "
+        "every training set here).",
         f"- Fairness: every method gets the same {suite.trials} tuning trials over its learning rate and clip norm "
         "(the same log-scale Halton points of the task's ranges), run at epsilon "
         f"{suite.tune_epsilon:g} with seed 0 on a validation split carved from the training data; the best trial by "
@@ -222,11 +228,11 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         best = winners(task_entries, suite.budgets, task.chance)
         if best:
             lines += ["Winner per budget:", "", *(f"- {line}" for line in best), ""]
-        for figure in (epsilon_plot(task_entries, task.title, figures / f"{task.name}_epsilon.png"),
+        for figure in (epsilon_plot(task_entries, task.title, task.delta, figures / f"{task.name}_epsilon.png"),
                        cost_plot(task_entries, suite.tune_epsilon, task.title, figures / f"{task.name}_cost.png")):
             if figure:
                 lines += [f"![{figure.stem}](leaderboard/{figure.name})", ""]
-        panels.append((task.title, task_entries))
+        panels.append((task.title, task_entries, task.delta))
         claim_inputs.append((task.title, task.optimizer, task_entries, task.chance))
     headline = headline_plot(panels, figures / "headline.png")
     if headline:

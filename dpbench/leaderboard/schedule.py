@@ -50,7 +50,7 @@ def cell_for(suite: Suite, task: Task, method: Method, variant: Variant, phase: 
     overrides = [*task.overrides, *variant.overrides, f"optimizer={optimizer}", f"optimizer.lr={lr}", f"seed={seed}",
                  *suite.common, f"logger.group=leaderboard-{task.name}"]
     if method.private:
-        overrides += [f"privacy.epsilon={epsilon:g}", "privacy.noise_multiplier=null", f"privacy.delta={suite.delta:g}",
+        overrides += [f"privacy.epsilon={epsilon:g}", "privacy.noise_multiplier=null", f"privacy.delta={task.delta:g}",
                       f"privacy.clip_norm={clip_norm}"]
     if phase == "tune":
         overrides.append(f"++data.validation_size={task.validation_size}")

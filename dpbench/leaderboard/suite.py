@@ -50,6 +50,8 @@ class Task:
     clip: tuple[float, float]
     validation_size: int
     methods: tuple[Method, ...]
+    delta: float
+    """The suite's delta unless the task sets its own (a training set too large for it to lie below 1/N^1.1)."""
     requires: str | None = None
     note: str | None = None
     """Printed under the task's title in the report: what a reader must know to read its table."""
@@ -137,7 +139,8 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
             lr={opt: _pair(bounds, f"{path}: tasks.{task_name}.lr.{opt}") for opt, bounds in spec["lr"].items()},
             clip=_pair(spec["clip"], f"{path}: tasks.{task_name}.clip"),
             validation_size=int(spec["validation_size"]),
-            methods=tuple(methods[m] for m in entry["methods"]), requires=spec.get("requires"),
+            methods=tuple(methods[m] for m in entry["methods"]), delta=float(spec.get("delta", raw["delta"])),
+            requires=spec.get("requires"),
             note=spec.get("note"), chance=None if spec.get("chance") is None else float(spec["chance"]),
         ))
     tune_epsilon = float(chosen["tune_epsilon"])
