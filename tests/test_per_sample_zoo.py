@@ -108,6 +108,7 @@ MISATTRIBUTED = {
     "time_major_linear_t_equals_b": "body.fc.weight",
     "time_major_lstm_flattened": "step_head.weight",
     "linear_subclass_forward": "body.weight",
+    "train_mode_batch_centering": "body.fc.weight",
 }
 """Patterns whose hook per-sample gradients would be wrong, and a parameter the refusal must name."""
 

@@ -11,6 +11,7 @@ from torch import Tensor, nn
 
 from dpbench.models.hf import SequenceClassifier
 from tests import transformer_models
+from tests.checked_models import TrainModeCentering
 
 SAMPLES, CLASSES = 4, 3
 
@@ -333,6 +334,7 @@ PATTERNS = {
     "cat_through_shared_encoder": layer(SharedEncoder, 6, engine="functorch"),
     "time_major_linear_t_equals_b": layer(TimeMajorLinear, SAMPLES, 3, engine="functorch"),
     "keyword_call": layer(KeywordCall, 6),
+    "train_mode_batch_centering": layer(TrainModeCentering, 6, engine="functorch"),
     "linear_subclass_forward": layer(lambda: Truncated(6, 5), 6, engine="functorch"),
 }
 

@@ -26,7 +26,8 @@ from torch import Tensor
 
 from dpbench.errors import ConfigurationError
 
-STREAMS = {"sampling": 1, "shuffle": 2, "noise": 3, "jl": 4, "d2p2": 5, "selection": 6, "grape": 7}
+STREAMS = {"sampling": 1, "shuffle": 2, "noise": 3, "jl": 4, "d2p2": 5, "selection": 6, "grape": 7,
+           "verify": 8}
 """Stream identifiers mixed into every key: no two uses of the root share a stream."""
 
 

@@ -21,6 +21,7 @@ from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussia
 from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
 from dpbench.privatizers import distributed
 from dpbench.privatizers.per_sample import trainable_parameters
+from dpbench.privatizers.per_sample.schedule import CheckSchedule
 from dpbench.tasks import Batch, Task, batch_size_of
 
 
@@ -88,6 +89,8 @@ class PrivatizerStrategy(ABC):
         self.config = config
         self.privacy = privacy
         self.noise = PrivateStream(privacy.randomness, "noise")
+        self.checks = CheckSchedule(privacy.randomness)
+        """When the per-sample engine checks itself against per-example passes: hand it to the engine you build."""
 
     # -- privacy ---------------------------------------------------------------------------------------------
     @property
@@ -136,6 +139,7 @@ class PrivatizerStrategy(ABC):
 
         The logical batch runs in micro-batches of ctx.physical_batch_size; noise is added once, in finalize.
         """
+        self.checks.begin_step(ctx.step)
         losses, stats = [], []
         for micro in split_batch(batch, ctx.physical_batch_size):
             loss_sum, micro_stats = self.accumulate(model, task, micro, ctx)

@@ -160,7 +160,7 @@ class D2P2(PrivatizerStrategy):
 
     # -- training --------------------------------------------------------------------------------------------
     def attach(self, model: nn.Module) -> None:
-        self.engine = make_engine(model, self.config.engine, self.config.chunk_size)
+        self.engine = make_engine(model, self.config.engine, self.config.chunk_size, self.checks)
         shapes = {name: param.shape for name, param in trainable_parameters(model).items()}
         self.projection: GaussianProjection | ImplicitProjection | None = None
         if self.implicit:

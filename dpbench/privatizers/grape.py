@@ -51,7 +51,7 @@ class Grape(PrivatizerStrategy):
 
     def attach(self, model: nn.Module) -> None:
         self.projections = RandomProjections(model, self.config.rank, self.config.update_every, self.privacy.randomness)
-        self.engine = ProjectedHookEngine(model, self.projections)
+        self.engine = ProjectedHookEngine(model, self.projections, self.checks)
         self.spaces = {
             name: torch.Size(self.projections.specs[param].projected_shape) if param in self.projections.specs
             else param.shape

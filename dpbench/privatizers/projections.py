@@ -33,6 +33,7 @@ from dpbench.privatizers.per_sample.layers import (
     matrix_factors,
     outer_product_site,
 )
+from dpbench.privatizers.per_sample.schedule import CheckSchedule
 from dpbench.privatizers.per_sample.sites import DenseSite
 from dpbench.tasks import Batch, Task, batch_size_of
 
@@ -148,8 +149,8 @@ class ProjectedHookEngine(HookEngine):
     first batch is checked against per-example gradients projected with the same matrices (Projector.project).
     """
 
-    def __init__(self, model: nn.Module, projections: RandomProjections):
-        super().__init__(model)
+    def __init__(self, model: nn.Module, projections: RandomProjections, checks: CheckSchedule | None = None):
+        super().__init__(model, checks)
         self.projections = projections
         self._taps: list[Call | None] = []
         self._streamed: list[SiteMap] = []

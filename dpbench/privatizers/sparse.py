@@ -217,7 +217,7 @@ class Sparse(PrivatizerStrategy):
             offset += param.numel()
 
     def attach(self, model: nn.Module) -> None:
-        self.engine = HookEngine(model)
+        self.engine = HookEngine(model, self.checks)
         self._layout(model)
         self._names = list(trainable_parameters(model))
         self._rows: dict[str, list[Tensor]] = {}

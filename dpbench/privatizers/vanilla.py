@@ -28,7 +28,7 @@ class Vanilla(PrivatizerStrategy):
     engine: PerSampleEngine
 
     def attach(self, model: nn.Module) -> None:
-        self.engine = make_engine(model, self.config.engine, self.config.chunk_size)
+        self.engine = make_engine(model, self.config.engine, self.config.chunk_size, self.checks)
         self._sums: dict[str, Tensor] = {}
 
     def accumulate(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> tuple[float, dict]:

@@ -1,9 +1,11 @@
-"""privatizer.engine=auto (and functorch): an engine that proves itself on the first batch before it is trusted.
+"""privatizer.engine=auto (and functorch): an engine that proves itself before it is trusted.
 
 auto starts on the hook engine when every trainable layer has a rule. When the hooks cannot serve the model (a check
-fires, or their first batch differs from per-example backward passes), it hands back the hooks, says which layer or
-parameter forced it, and continues on functorch, which is exact for any model vmap (or its per-example loop) runs.
-Functorch's first batch is checked too; a model neither engine serves is refused with both reasons.
+fires, or a batch's per-sample gradients differ from per-example backward passes, before the first step or at a
+check during training), it hands back the hooks, says which layer or parameter forced it, and continues on functorch,
+which is exact for any model vmap (or its per-example loop) runs: each sample's gradient is that of its own loss
+alone. Functorch's first batch is checked too; a model neither engine serves is refused with both reasons. A switch
+during training is recorded (CheckSchedule.switched): the steps before it were clipped with the hooks' gradients.
 """
 
 from __future__ import annotations
@@ -12,21 +14,23 @@ import logging
 from collections.abc import Callable
 from typing import TypeVar
 
+import torch
 from torch import Tensor, nn
 
 from dpbench.errors import UnsupportedModelError
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, trainable_parameters
 from dpbench.privatizers.per_sample.functorch import FunctorchEngine
-from dpbench.privatizers.per_sample.hooks import HookEngine, unsupported_modules
+from dpbench.privatizers.per_sample.hooks import HookEngine, PerSampleMismatch, unsupported_modules
+from dpbench.privatizers.per_sample.schedule import CheckSchedule
 from dpbench.privatizers.per_sample.verify import (
-    checked_samples,
+    as_trained_without_dropout,
     describe,
-    evaluation,
+    deviation,
+    merge,
     mismatched,
-    per_example_gradients,
+    per_example_deviations,
     select,
-    summarize,
 )
 from dpbench.tasks import Batch, Task, batch_size_of
 
@@ -35,20 +39,20 @@ log = logging.getLogger(__name__)
 Result = TypeVar("Result")
 
 
-def check_functorch(engine: FunctorchEngine, task: Task, batch: Batch) -> None:
-    """vmap's per-sample gradients of a few samples against a forward and backward pass of each sample alone.
-
-    In eval mode: vmap draws its own dropout masks, so a train-mode comparison would mismatch on randomness alone.
-    """
+def check_functorch(engine: FunctorchEngine, task: Task, batch: Batch, samples: list[int]) -> None:
+    """vmap's per-sample gradients of a few samples against a forward and backward pass of each sample alone, in
+    training mode with dropout off (vmap would draw its own masks)."""
     model = engine.model
-    samples = checked_samples(batch_size_of(batch))
+    params = trainable_parameters(model)
     bad: dict[str, float] = {}
-    with evaluation(model):
+    with as_trained_without_dropout(model):
         per_sample = engine.per_sample_gradients(task, select(batch, samples))
-        reference = per_example_gradients(model, task, batch, trainable_parameters(model), samples)
-        for k, expected in enumerate(reference):
-            got = summarize({name: per_sample[name][k] for name in expected})
-            bad |= mismatched(got, {}, summarize(expected))
+        for k, i in enumerate(samples):
+            def compare(name: str, param: nn.Parameter, grad: Tensor | None, k: int = k):
+                got = per_sample[name][k].clone()
+                return deviation(got, float(got.norm()), torch.zeros_like(param) if grad is None else grad)
+
+            bad = merge(bad, mismatched(per_example_deviations(model, task, batch, i, params, compare)))
     if bad:
         raise UnsupportedModelError(
             f"functorch's per-sample gradients of {describe(bad)} differ from per-example backward passes: "
@@ -59,14 +63,17 @@ def check_functorch(engine: FunctorchEngine, task: Task, batch: Batch) -> None:
 class AutoEngine:
     """Delegates to `engine`: the hook engine while it serves the model, else the functorch engine."""
 
-    def __init__(self, model: nn.Module, chunk_size: int | None = None, hooks: bool = True):
+    def __init__(
+        self, model: nn.Module, chunk_size: int | None = None, hooks: bool = True, checks: CheckSchedule | None = None
+    ):
         self.model = model
         self.chunk_size = chunk_size
+        self.checks = checks if checks is not None else CheckSchedule()
         self.engine: HookEngine | FunctorchEngine
         unsupported = unsupported_modules(model) if hooks else []
         self._hooks_refusal = f"no per-sample rule for {', '.join(unsupported)}" if unsupported else None
         if hooks and not unsupported:
-            self.engine = HookEngine(model)
+            self.engine = HookEngine(model, self.checks)
         else:
             self.engine = FunctorchEngine(model, chunk_size=chunk_size)
         self._functorch_checked = False
@@ -90,16 +97,22 @@ class AutoEngine:
         return step(self.engine)
 
     def _fall_back(self, refusal: UnsupportedModelError) -> None:
-        """The hooks refused before producing any number: hand them back and continue on functorch."""
+        """The hooks refused before producing this step's numbers: hand them back and continue on functorch."""
         self.engine.detach()
         self._hooks_refusal = str(refusal)
-        log.warning("privatizer.engine=auto: the hook engine cannot serve this model, falling back to functorch "
-                    "(slower): %s", refusal)
+        if isinstance(refusal, PerSampleMismatch):
+            self.checks.switched = {"step": refusal.step, "from": "hooks", "to": "functorch",
+                                    "parameters": refusal.parameters, "reason": str(refusal)}
+            log.error("privatizer.engine=auto: switching to functorch (exact) from step %d on: %s", refusal.step,
+                      refusal)
+        else:
+            log.warning("privatizer.engine=auto: the hook engine cannot serve this model, falling back to functorch "
+                        "(slower): %s", refusal)
         self.engine = FunctorchEngine(self.model, chunk_size=self.chunk_size)
 
     def _check_functorch(self, task: Task, batch: Batch) -> None:
         try:
-            check_functorch(self.engine, task, batch)
+            check_functorch(self.engine, task, batch, self.checks.samples(batch_size_of(batch)))
         except (UnsupportedModelError, RuntimeError, NotImplementedError) as error:
             hooks = f"the hook engine refused it ({self._hooks_refusal}), and " if self._hooks_refusal else ""
             raise UnsupportedModelError(

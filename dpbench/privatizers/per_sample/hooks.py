@@ -7,15 +7,16 @@ Face layers named in layers.NAMED_HANDLERS (Conv1D, ViT embeddings, OPT position
 
 It fails closed. An output is differentiated at the graph edge it had when recorded, so an in-place op on it
 (nn.ReLU(inplace=True), a residual `out += x`) changes nothing; a recorded input changed in place is refused. Before
-its first step the engine compares a few samples' per-sample gradients of the first batch (in eval mode) with
-per-example backward passes (verify.py), and its first step checks that every parameter getting a gradient was seen
-by a hook: the hooks' assumptions (sample-major inputs, parameters used inside their module's call only) are checked
-rather than trusted.
+its first step, and again during training (schedule.py), the engine compares a few samples' per-sample gradients of
+the step's batch (in training mode, dropout off) with per-example backward passes (verify.py), and the training step
+after a check checks that every parameter getting a gradient was seen by a hook: the hooks' assumptions (sample-major
+inputs, parameters used inside their module's call only, no mixing of samples) are checked rather than trusted.
 """
 
 from __future__ import annotations
 
 import inspect
+import time
 from collections import Counter, defaultdict
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -31,18 +32,29 @@ from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.layers import SiteMap, handler_for, input_for
 from dpbench.privatizers.per_sample.recurrent import refuse_unsupported_call
+from dpbench.privatizers.per_sample.schedule import CheckSchedule
 from dpbench.privatizers.per_sample.sites import Site
 from dpbench.privatizers.per_sample.verify import (
-    Summary,
-    checked_samples,
+    Deviation,
+    as_trained_without_dropout,
     describe,
-    evaluation,
+    deviation,
+    merge,
     mismatched,
     parameters_reached,
-    per_example_gradients,
-    summarize,
+    per_example_deviations,
 )
 from dpbench.tasks import Batch, Task
+
+
+class PerSampleMismatch(UnsupportedModelError):
+    """A check during training found per-sample gradients that differ from per-example passes: the steps before it
+    were clipped with them."""
+
+    def __init__(self, message: str, step: int, parameters: list[str]):
+        super().__init__(message)
+        self.step, self.parameters = step, parameters
+
 
 NOT_HOOKABLE = (
     "make the model call each layer on batch-first inputs and use parameters only through their layer, or use "
@@ -98,7 +110,7 @@ class Call:
 class HookEngine:
     """Records (module, input, output) during the forward pass; reads output gradients after it."""
 
-    def __init__(self, model: nn.Module):
+    def __init__(self, model: nn.Module, checks: CheckSchedule | None = None):
         refuse_sample_mixing_layers(model)
         unsupported = unsupported_modules(model)
         if unsupported:
@@ -110,8 +122,7 @@ class HookEngine:
         self.params = trainable_parameters(model)
         self.names = {p: name for name, p in self.params.items()}
         self.module_names = {module: name or "<root>" for name, module in model.named_modules()}
-        self.verified = False
-        """Set once a batch's per-sample gradients matched per-example backward passes (the first batch's)."""
+        self.checks = checks if checks is not None else CheckSchedule()
         self._calls: list[Call] = []
         self._recording = False
         self._handles = [
@@ -154,9 +165,12 @@ class HookEngine:
             self._recording = False
 
     def _sites(self, task: Task, batch: Batch, dense: bool) -> tuple[dict[str, list[Site]], Tensor]:
-        checked = None if self.verified else self._verify(task, batch, dense)
+        checked = self._verify(task, batch, dense) if self.checks.due() else None
         sites, losses, _ = self._collect(task, batch, dense, checked)
-        self.verified = True
+        dormant = [name for name in self.checks.dormant if name in sites]
+        if dormant:
+            moved = torch.stack([_norm_sq(sites[name]).sum() for name in dormant]).gt(0).tolist()
+            self.checks.saw_gradients({name for name, nonzero in zip(dormant, moved, strict=True) if nonzero})
         return sites, losses
 
     def _collect(
@@ -164,7 +178,7 @@ class HookEngine:
     ) -> tuple[dict[str, list[Site]], Tensor, Counter]:
         """One hooked forward and backward: the sites by parameter name, the losses and the hooked calls per module.
 
-        `checked`: the calls of the verified pass, which this first training step must repeat.
+        `checked`: the calls of the checked pass, which the training step after a check must repeat.
         """
         losses = self._forward(task, batch)
         calls, self._calls = self._calls, []
@@ -190,8 +204,8 @@ class HookEngine:
         return []
 
     def _check_calls(self, losses: Tensor, calls: list[Call], checked: Counter | None) -> Counter:
-        """Every step, O(calls): no recorded input changed in place. First training step: every parameter that gets
-        a gradient was hooked, and the hooks saw the calls of the verified (eval-mode) pass. Returns the calls per
+        """Every step, O(calls): no recorded input changed in place. The training step after a check: every parameter
+        that gets a gradient was hooked, and the hooks saw the calls of the checked pass. Returns the calls per
         module."""
         for call in calls:
             if call.input_version is not None and call.input._version != call.input_version:
@@ -214,8 +228,8 @@ class HookEngine:
         changed = sorted({self.name(m) for m in called.keys() | checked.keys() if called[m] != checked[m]})
         if changed:
             raise UnsupportedModelError(
-                f"while training, the hooks see other calls of {', '.join(changed)} than in the verified eval-mode "
-                "pass (gradient checkpointing or layer drop hides or skips layers), so the check does not cover the "
+                f"while training, the hooks see other calls of {', '.join(changed)} than in the checked pass "
+                "(gradient checkpointing or layer drop hides or skips layers), so the check does not cover the "
                 "training step: turn that off, or use privatizer.engine=functorch (or auto)"
             )
         return called
@@ -277,41 +291,58 @@ class HookEngine:
 
     def _verify(self, task: Task, batch: Batch, dense: bool) -> Counter:
         """Refuse unless a few samples' gradients and norms from the sites of the real batch are those of per-example
-        backward passes, each sample alone. In eval mode (no dropout masks to differ), one extra hooked pass of the
-        batch's shapes (a T == B coincidence shows), no larger than a step; returns its hooked calls per module."""
-        with evaluation(self.model):
+        backward passes, each sample alone. In training mode with dropout off, one extra hooked pass of the batch's
+        shapes (a T == B coincidence shows), no larger than a step; returns its hooked calls per module."""
+        started = time.perf_counter()
+        with as_trained_without_dropout(self.model):
             sites, losses, called = self._collect(task, batch, dense, None)
-            samples = checked_samples(losses.shape[0])
-            reference = self._reference(task, batch, samples)
-        norms = {name: _norm_sq(group).sqrt() for name, group in sites.items()}
-        _drop_nonfinite(sites, sum(norms.values(), torch.zeros(losses.shape[0], device=losses.device)))
-        bad: dict[str, float] = {}
-        for i, expected in zip(samples, reference, strict=True):
-            one_hot = torch.zeros(losses.shape[0], device=losses.device)
-            one_hot[i] = 1
-            got = summarize({
-                name: sum(site.weighted_sum(one_hot) for site in sites[name]) if name in sites
-                else torch.zeros(summary.shape, dtype=summary.dtype, device=losses.device)
-                for name, summary in expected.items()
-            })
-            for name, error in mismatched(got, {n: float(v[i]) for n, v in norms.items()}, expected).items():
-                bad[name] = max(error, bad.get(name, 0.0))
-        if bad:
+            norms = {name: _norm_sq(group).sqrt() for name, group in sites.items()}
+            _drop_nonfinite(sites, sum(norms.values(), torch.zeros(losses.shape[0], device=losses.device)))
+            bad: dict[str, float] = {}
+            for i in self.checks.samples(losses.shape[0]):
+                one_hot = torch.zeros(losses.shape[0], device=losses.device)
+                one_hot[i] = 1
+                bad = merge(bad, mismatched(self._deviations(task, batch, sites, norms, i, one_hot)))
+        nonzero = torch.stack([n.nan_to_num(1.0).sum() for n in norms.values()]).gt(0).tolist() if norms else []
+        first = not self.checks.checked_steps
+        self.checks.checked(
+            time.perf_counter() - started,
+            set(self.params) - {name for name, moved in zip(norms, nonzero, strict=True) if moved},
+        )
+        if not bad:
+            return called
+        if first:
             raise UnsupportedModelError(
                 f"the hook engine's per-sample gradients of {describe(bad)} differ from per-example backward passes "
                 "on this batch: a parameter used outside its module's call (a tied output layer), an input that is "
                 "not sample-major (time-major, reshape(-1, d) of a (T, B, d) tensor, torch.cat of samples through "
-                f"one layer), a module whose forward is not its type's, or a model that mixes samples: {NOT_HOOKABLE}"
+                "one layer), a module whose forward is not its type's, or a layer that mixes the samples of a batch "
+                f"(e.g. batch statistics while training): {NOT_HOOKABLE}"
             )
-        return called
+        step = self.checks.checked_steps[-1]
+        raise PerSampleMismatch(
+            f"at step {step} the hook engine's per-sample gradients of {describe(bad)} differ from per-example "
+            f"backward passes (they matched at steps {self.checks.checked_steps[:-1]}: a layer that was inactive or "
+            f"had zero gradient then, or one that mixes samples, is now in use). Steps before {step} were clipped "
+            "with these gradients, so the epsilon reported for them is not a guarantee. "
+            f"{NOT_HOOKABLE}", step, sorted(bad),
+        )
 
-    def _reference(self, task: Task, batch: Batch, samples: list[int]) -> list[dict[str, Summary]]:
-        """Each checked sample's gradients from its own forward and backward (summarized, in this engine's space)."""
+    def _deviations(
+        self, task: Task, batch: Batch, sites: dict[str, list[Site]], norms: dict[str, Tensor], sample: int,
+        one_hot: Tensor,
+    ) -> dict[str, Deviation]:
+        """Sample `sample`'s per-parameter deviation from its own forward and backward pass (in this engine's space),
+        one parameter at a time (`one_hot` selects the sample from the sites)."""
+        def compare(name: str, param: nn.Parameter, grad: Tensor | None) -> Deviation:
+            reference = self.reference(param, torch.zeros_like(param) if grad is None else grad)
+            group = sites.get(name)
+            if not group:
+                return deviation(torch.zeros_like(reference), 0.0, reference)
+            return deviation(sum(site.weighted_sum(one_hot) for site in group), float(norms[name][sample]), reference)
+
         try:
-            return [
-                summarize({name: self.reference(self.params[name], g) for name, g in grads.items()})
-                for grads in per_example_gradients(self.model, task, batch, self.params, samples)
-            ]
+            return per_example_deviations(self.model, task, batch, sample, self.params, compare)
         except RuntimeError as error:  # e.g. a model that cannot run a batch of one
             raise UnsupportedModelError(
                 f"per-example backward passes through this model failed ({error}), so the hook engine's per-sample "

@@ -1,41 +1,86 @@
-"""A one-time check of an engine's per-sample gradients against per-example backward passes, on the first batch.
+"""A check of an engine's per-sample gradients against per-example backward passes, before the first step and during
+training (schedule.py says when).
 
 Module hooks assume what they cannot see: that a parameter is used inside its module's call only, that a layer's
-input is sample-major, that a module's forward is its type's. Rather than enumerate what breaks these (time-major
-tensors flattened with reshape(-1, d), torch.cat of samples through a shared layer, tied output layers, T == B),
-each engine compares a few samples of the real first batch with d loss_i / d theta from that sample's own forward and
-backward pass once, and refuses on a mismatch. Both sides run in eval mode, so dropout masks cannot differ; the engine
-side runs on the real batch, so its shapes (T == B) are the step's. Only summaries of the gradients are kept.
+input is sample-major, that a module's forward is its type's, that no layer mixes the samples of a batch. Rather than
+enumerate what breaks these (time-major tensors flattened with reshape(-1, d), torch.cat of samples through a shared
+layer, tied output layers, T == B, a hand-written batch norm active in training mode only), each engine compares a
+few samples of a real batch with d loss_i / d theta from that sample's own forward and backward pass, and refuses on
+a mismatch.
+
+Both sides run in training mode, so layers that behave differently while training are checked as they train, with
+every dropout made the identity (dropout masks would differ between a batch and its samples alone): nn.Dropout and
+its functional forms, attention dropout included. Nothing a check does reaches the run: the global random state and
+the model's buffers are restored afterwards. Memory: the per-example pass hands each parameter's gradient over as
+autograd forms it and frees it, so a check holds one parameter's gradient (and the engine's side of it) at a time.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+import math
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_map
 
 from dpbench.privatizers.per_sample.base import graph_nodes
 from dpbench.tasks import Batch, Task
 
-DIRECTIONS = 2
+DROPOUTS = {
+    F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
+    torch.dropout, torch.alpha_dropout, torch.feature_dropout, torch.feature_alpha_dropout,
+}
+ATTENTION = F.scaled_dot_product_attention
+ATTENTION_DROPOUT_POSITION = 4
+"""scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, ...)."""
 
 
-class Summary(NamedTuple):
-    """A per-sample gradient of one parameter, as far as a check needs it."""
+class Deviation(NamedTuple):
+    """How far an engine's per-sample gradient of one parameter is from the per-example pass's, for one sample."""
 
-    shape: torch.Size
-    dtype: torch.dtype
-    values: Tensor
-    """float64 (norm, <g, r_1>, ..., <g, r_DIRECTIONS>)."""
+    error: float
+    """max(|g_engine - g_reference|, |engine norm - reference norm|)."""
+    reference_norm: float
+    dtypes: tuple[torch.dtype, torch.dtype]
 
 
-def checked_samples(batch_size: int) -> list[int]:
-    """First, middle and last: spread out, so that a mix-up of samples (a layout the hooks misread) shows."""
-    return sorted({0, batch_size // 2, batch_size - 1})
+Compare = Callable[[str, nn.Parameter, Tensor | None], Deviation]
+"""(parameter name, parameter, its per-example gradient or None where unused) -> the engine's deviation from it."""
+
+
+class _NoDropout(TorchFunctionMode):
+    """Every dropout is the identity (attention dropout p = 0) while the mode is active."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in DROPOUTS:
+            return args[0] if args else kwargs["input"]
+        if func is ATTENTION:
+            if len(args) > ATTENTION_DROPOUT_POSITION:
+                args = (*args[:ATTENTION_DROPOUT_POSITION], 0.0, *args[ATTENTION_DROPOUT_POSITION + 1:])
+            else:
+                kwargs = {**kwargs, "dropout_p": 0.0}
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def as_trained_without_dropout(model: nn.Module) -> Iterator[None]:
+    """Training mode as the run has it, dropout off; the global RNG and the model's buffers restored afterwards, so
+    a check (at whatever step it falls) changes nothing of the run."""
+    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
+    try:
+        with torch.random.fork_rng(devices=devices), _NoDropout():
+            yield
+    finally:
+        with torch.no_grad():
+            for buffer, saved in buffers:
+                buffer.copy_(saved)
 
 
 def select(batch: Batch, samples: list[int]) -> Batch:
@@ -44,32 +89,47 @@ def select(batch: Batch, samples: list[int]) -> Batch:
     return tree_map(lambda t: t.index_select(0, index.to(t.device)), inputs), targets.index_select(0, index)
 
 
-def per_example_gradients(
-    model: nn.Module, task: Task, batch: Batch, params: dict[str, nn.Parameter], samples: list[int]
-) -> Iterator[dict[str, Tensor]]:
-    """d loss_i / d params for each sample i in turn, from a forward and backward of that sample alone."""
-    names, tensors = list(params), list(params.values())
-    for i in samples:
-        loss = task.per_sample_loss(model, select(batch, [i]))[0]
-        grads = torch.autograd.grad(loss, tensors, allow_unused=True)
-        yield {name: torch.zeros_like(p) if g is None else g for name, p, g in zip(names, tensors, grads, strict=True)}
+def per_example_deviations(
+    model: nn.Module, task: Task, batch: Batch, sample: int, params: dict[str, nn.Parameter], compare: Compare
+) -> dict[str, Deviation]:
+    """`compare` applied to each parameter's d loss_i / d theta from sample i's own forward and backward pass.
 
-
-def summarize(gradients: dict[str, Tensor]) -> dict[str, Summary]:
-    """Per parameter: its norm and <g, r_k> for fixed Gaussian directions r_k.
-
-    Two numbers that move with any change of the vector stand in for it, so a check holds no parameter-sized copies
-    (the first step's peak memory stays a step's). The directions are public, seeded by the parameter's position.
+    Each gradient is handed over when autograd has accumulated it and dropped at once, so at most one parameter's
+    per-example gradient is alive at a time. The parameters' .grad are set aside and restored.
     """
-    summaries = {}
-    for index, (name, g) in enumerate(gradients.items()):
-        generator = torch.Generator(device=g.device).manual_seed(index)
-        values = [g.norm()] + [
-            (g * torch.randn(g.shape, generator=generator, dtype=g.dtype, device=g.device)).sum()
-            for _ in range(DIRECTIONS)
-        ]
-        summaries[name] = Summary(g.shape, g.dtype, torch.stack(values).double().cpu())
-    return summaries
+    names = {p: name for name, p in params.items()}
+    saved = {p: p.grad for p in params.values()}
+    deviations: dict[str, Deviation] = {}
+
+    def on_gradient(param: nn.Parameter) -> None:
+        deviations[names[param]] = compare(names[param], param, param.grad)
+        param.grad = None
+
+    for param in params.values():
+        param.grad = None
+    handles = [param.register_post_accumulate_grad_hook(on_gradient) for param in params.values()]
+    try:
+        loss = task.per_sample_loss(model, select(batch, [sample]))[0]
+        if loss.requires_grad:
+            loss.backward(inputs=list(params.values()))
+    finally:
+        for handle in handles:
+            handle.remove()
+        for param, grad in saved.items():
+            param.grad = grad
+    for name, param in params.items():
+        if name not in deviations:
+            deviations[name] = compare(name, param, None)
+    return deviations
+
+
+def deviation(got: Tensor, got_norm: float, reference: Tensor) -> Deviation:
+    """The engine's per-sample gradient `got` (and the norm it clips with) against the per-example `reference`."""
+    if got.shape != reference.shape:
+        return Deviation(math.inf, float(reference.norm()), (got.dtype, reference.dtype))
+    reference_norm = float(reference.norm())
+    difference = float(got.sub_(reference.to(got.dtype)).norm())
+    return Deviation(max(difference, abs(got_norm - reference_norm)), reference_norm, (got.dtype, reference.dtype))
 
 
 def parameters_reached(losses: Tensor) -> set[Tensor]:
@@ -82,42 +142,28 @@ def tolerance(dtype: torch.dtype) -> float:
     return min(0.05, 10 * torch.finfo(dtype).eps ** 0.5)
 
 
-def mismatched(got: dict[str, Summary], norms: dict[str, float], expected: dict[str, Summary]) -> dict[str, float]:
-    """Parameters whose per-sample gradient (summarized) or norm is not the reference's, with the relative error.
+def mismatched(deviations: dict[str, Deviation]) -> dict[str, float]:
+    """Parameters whose per-sample gradient or norm is not the reference's, with the relative error.
 
     The error of a parameter is measured against its own reference norm plus 1e-4 of the sample's total, so that
-    parameters with (nearly) zero gradient are compared at the precision the clipping sees, in the coarser of the
-    two sides' precisions (mixed precision forms the sites in the activations' dtype). A projection of an error e on
-    a random direction is of the order of |e|, up to a few times: hence the slack of 4.
+    parameters with (nearly) zero gradient are compared at the precision the clipping sees, in the coarser of the two
+    sides' precisions (mixed precision forms the sites in the activations' dtype).
     """
-    if not all(bool(torch.isfinite(summary.values).all()) for summary in expected.values()):
+    if not all(math.isfinite(d.reference_norm) for d in deviations.values()):
         return {}  # a non-finite sample is dropped from the step anyway
-    total = float(sum(summary.values[0] ** 2 for summary in expected.values())) ** 0.5
+    total = math.sqrt(sum(d.reference_norm ** 2 for d in deviations.values()))
     bad = {}
-    for name, reference in expected.items():
-        value = got[name]
-        ref_norm = float(reference.values[0])
-        scale = ref_norm + 1e-4 * total
-        norm_error = max(abs(float(value.values[0]) - ref_norm), abs(norms.get(name, ref_norm) - ref_norm))
-        error = max(norm_error, float((value.values[1:] - reference.values[1:]).abs().max()) / 4)
-        allowed = max(tolerance(reference.dtype), tolerance(value.dtype)) * scale
-        if value.shape != reference.shape or not error <= allowed:  # `not <=` also catches nan
-            bad[name] = error / scale if scale else float("inf")
+    for name, d in deviations.items():
+        scale = d.reference_norm + 1e-4 * total
+        allowed = max(tolerance(dtype) for dtype in d.dtypes) * scale
+        if not d.error <= allowed:  # `not <=` also catches nan
+            bad[name] = d.error / scale if scale else math.inf
     return bad
 
 
+def merge(bad: dict[str, float], more: dict[str, float]) -> dict[str, float]:
+    return {name: max(bad.get(name, 0.0), more.get(name, 0.0)) for name in bad.keys() | more.keys()}
+
+
 def describe(bad: dict[str, float]) -> str:
-    return ", ".join(f"{name} (relative error {error:.2g})" for name, error in bad.items())
-
-
-@contextmanager
-def evaluation(model: nn.Module) -> Iterator[None]:
-    """Eval mode (no dropout) for a check whose two sides would otherwise draw different masks; modes restored."""
-    modes = {module: module.training for module in model.modules()}
-    model.eval()
-    try:
-        yield
-    finally:
-        for module, training in modes.items():
-            module.training = training
-
+    return ", ".join(f"{name} (relative error {error:.2g})" for name, error in sorted(bad.items()))

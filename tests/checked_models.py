@@ -1,0 +1,52 @@
+"""Models whose per-sample gradients only training shows to be wrong under module hooks: what the engines' checks
+during training must catch. `model=gated` with `--config-dir tests/conf` builds the gated one through the CLI."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+from dpbench import DataBundle
+
+
+class TrainModeCentering(nn.Module):
+    """A hand-written batch norm: subtracts the batch mean in training mode only, so an eval-mode check passes."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(6, 6)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h - h.mean(0, keepdim=True) if self.training else h
+
+
+class GatedSortedBranch(nn.Module):
+    """h + gate(branch(h)), the branch layer run on the batch sorted by its first feature and unsorted afterwards (its
+    hooked input rows belong to other samples), behind a zero-initialised gate (LoRA's B = 0, ReZero): while the gate
+    is 0 the branch's gradients are 0 and a first-batch check sees nothing wrong."""
+
+    def __init__(self, features: int, hidden: int, classes: int):
+        super().__init__()
+        self.inp = nn.Linear(features, hidden)
+        self.branch = nn.Linear(hidden, hidden)
+        self.gate = nn.Linear(hidden, hidden, bias=False)
+        nn.init.zeros_(self.gate.weight)
+        self.head = nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        h = torch.tanh(self.inp(x.flatten(1)))
+        order = h[:, 0].argsort()
+        branch = self.branch(h[order])[order.argsort()]
+        return self.head(h + self.gate(torch.tanh(branch)))
+
+
+@dataclass
+class GatedConfig:
+    name: str = "gated"
+    hidden: int = 16
+
+
+def build_gated(config: GatedConfig, data: DataBundle) -> nn.Module:
+    return GatedSortedBranch(math.prod(data.input_shape), config.hidden, data.num_classes)

@@ -1,0 +1,182 @@
+"""The per-sample checks during training, through real runs: what only training shows (a zero-initialised gate that
+opens on a misrouted layer, a layer that mixes samples in training mode only) stops a run or switches it to the exact
+engine, saying so; the checks stay within their time budget and change nothing the run trains."""
+
+import json
+import math
+
+import lightning as L
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from dpbench.data import DataBundle, TensorSplit
+from dpbench.errors import UnsupportedModelError
+from dpbench.optim import OptimizerConfig
+from dpbench.privacy.accountant import PrivacyAccountant
+from dpbench.privacy.ledger import PrivacyLedger
+from dpbench.privacy.randomness import PrivacyRandomness
+from dpbench.privatizers import PrivacySettings, make_strategy
+from dpbench.privatizers.base import StepContext
+from dpbench.privatizers.per_sample import PerSampleMismatch
+from dpbench.privatizers.per_sample.schedule import CheckSchedule
+from dpbench.tasks import ClassificationTask
+from dpbench.training.datamodule import DPDataModule
+from dpbench.training.module import DPModule
+from tests.checked_models import GatedSortedBranch, TrainModeCentering
+from tests.cli import FAST, dpbench
+
+SIZE, FEATURES, BATCH = 1024, 8, 32
+
+
+def data() -> DataBundle:
+    generator = torch.Generator().manual_seed(0)
+    features = torch.randn(SIZE, FEATURES, generator=generator)
+    split = TensorSplit(features, (features[:, 0] > 0).long())
+    return DataBundle("blobs", split, TensorSplit(features[:64], split.targets[:64]), num_classes=2)
+
+
+def train(model: nn.Module, privatizer: dict, steps: int, optimizer: str = "sgd", seed: int = 7,
+          time_fraction: float | None = None) -> DPModule:
+    """`steps` logical steps of a real Trainer over Poisson batches (noise multiplier 1, C = 1); a larger
+    `time_fraction` for the checks than the default brings the checks after the first within fewer steps."""
+    bundle = data()
+    randomness = PrivacyRandomness(seed)
+    settings = PrivacySettings(1.0, BATCH / SIZE, 1.0, randomness)
+    strategy = make_strategy(OmegaConf.create(privatizer), settings)
+    strategy.prepare(model, steps, 1e-5, None, PrivacyAccountant())
+    if time_fraction is not None:
+        strategy.checks.time_fraction = time_fraction
+    module = DPModule(model, bundle.task, strategy, OptimizerConfig(name=optimizer, lr=0.05), PrivacyLedger(1e-5),
+                      float(BATCH), train_stats=False)
+    trainer = L.Trainer(
+        accelerator="cpu", max_epochs=-1, max_steps=steps, logger=False, enable_checkpointing=False,
+        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
+        use_distributed_sampler=False,
+    )
+    trainer.fit(module, datamodule=DPDataModule(bundle, BATCH, "poisson", randomness, eval_batch_size=64))
+    return module
+
+
+HOOKED = {
+    "vanilla": ({"name": "vanilla", "engine": "hooks"}, "sgd"),
+    "grape": ({"name": "grape", "rank": 4}, "adam"),
+    "d2p2": ({"name": "d2p2", "engine": "hooks", "dim": None}, "sgd"),
+    "sparse": ({"name": "sparse", "selection": "random"}, "sgd"),
+}
+
+
+@pytest.mark.parametrize("privatizer", sorted(HOOKED))
+def test_a_misrouted_layer_behind_a_zero_gate_stops_the_run_when_the_gate_opens(privatizer):
+    """The first check passes (the gate is 0, so is the branch's gradient); once the gate opens, a check names the
+    branch and the step, and says the steps before were clipped wrongly."""
+    config, optimizer = HOOKED[privatizer]
+    torch.manual_seed(0)
+    with pytest.raises(PerSampleMismatch, match=r"branch\.weight") as stopped:
+        train(GatedSortedBranch(FEATURES, 16, 2), config, steps=400, optimizer=optimizer, time_fraction=0.25)
+    assert stopped.value.step > 0
+    assert "not a guarantee" in str(stopped.value)
+
+
+def test_auto_switches_to_the_exact_engine_from_the_failing_step_on():
+    torch.manual_seed(0)
+    module = train(GatedSortedBranch(FEATURES, 16, 2), {"name": "vanilla", "engine": "auto"}, steps=400,
+                   time_fraction=0.25)
+    switched = module.strategy.checks.switched
+    assert switched is not None and switched["step"] > 0 and "branch.weight" in switched["parameters"]
+    assert type(module.strategy.engine.engine).__name__ == "FunctorchEngine"
+    assert module.ledger.steps == 400
+
+
+def test_train_mode_mixing_is_caught_before_the_first_step_and_auto_bounds_the_add_one_change():
+    """A batch norm written by hand (batch mean in training mode only): an eval-mode check passed it and the hooks
+    then released a clipped sum whose add-one change exceeded C. Explicit hooks refuse it; auto's clipped sums of
+    D and D + x differ by at most C."""
+    torch.manual_seed(0)
+    model = nn.Sequential(TrainModeCentering(), nn.Tanh(), nn.Linear(6, 3)).double()
+    batch = torch.randn(9, 6, dtype=torch.float64), torch.randint(0, 3, (9,))
+    hooks = make_strategy(OmegaConf.create({"name": "vanilla", "engine": "hooks"}), PrivacySettings(1.0, 0.5, 0.0))
+    hooks.attach(model)
+    with pytest.raises(UnsupportedModelError, match=r"0\.fc\.weight"):
+        hooks.privatize(model, ClassificationTask(), batch, StepContext(0, 9.0))
+
+    def clipped_sum(inputs, targets) -> torch.Tensor:
+        strategy = make_strategy(OmegaConf.create({"name": "vanilla"}), PrivacySettings(1.0, 0.5, 0.0))
+        strategy.attach(model)
+        strategy.privatize(model, ClassificationTask(), (inputs, targets), StepContext(0, 1.0))
+        return torch.cat([p.grad.flatten() for p in model.parameters()])
+
+    without = clipped_sum(batch[0][:8], batch[1][:8])
+    with_x = clipped_sum(*batch)
+    assert float((with_x - without).norm()) <= 1.0 + 1e-9
+
+
+class DropoutNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Dropout(0.5), nn.Linear(16, 2))
+
+    def forward(self, x):
+        return self.body(x)
+
+
+def test_checks_change_nothing_the_run_trains():
+    """The same run checked once and checked at every drawn step ends with the same weights, bit for bit (dropout
+    masks, buffers and the secret streams untouched), so a resume replays exactly whatever its checks did."""
+
+    def final(time_fraction: float) -> tuple[torch.Tensor, list[int]]:
+        torch.manual_seed(3)
+        module = train(DropoutNet(), {"name": "vanilla", "engine": "hooks"}, steps=60, time_fraction=time_fraction)
+        weights = torch.cat([p.detach().flatten() for p in module.model.parameters()])
+        return weights, module.strategy.checks.checked_steps
+
+    once, once_steps = final(0.0)
+    often, often_steps = final(math.inf)
+    assert once_steps == [0] and len(often_steps) >= 4
+    assert torch.equal(once, often)
+
+
+def test_checked_steps_and_samples_are_secret_draws():
+    def schedule(seed: int) -> tuple[list[int], list[list[int]]]:
+        checks = CheckSchedule(PrivacyRandomness(seed), time_fraction=math.inf)
+        samples = []
+        for step in range(400):
+            checks.begin_step(step)
+            if checks.due():
+                samples.append(checks.samples(64))
+                checks.checked(0.0, set())
+        return checks.checked_steps, samples
+
+    steps, samples = schedule(1)
+    assert schedule(1) == (steps, samples)
+    assert schedule(2) != (steps, samples)
+    assert 4 <= len(steps) <= 2 * math.log2(400)  # geometric: each next one 1.5-2.5 times further
+    assert all(1.4 <= b / a <= 2.6 for a, b in zip(steps[1:], steps[2:], strict=False))
+    assert all(len(set(s)) == 3 for s in samples)
+
+
+def _gated_cli(run_dir, engine: str):
+    return dpbench("--config-dir", "tests/conf", "model=gated", f"privatizer.engine={engine}", "max_steps=1200",
+                   "batch_size=32", "optimizer.lr=0.05",
+                   "trainer.checkpoint=false", f"hydra.run.dir={run_dir}", *FAST)
+
+
+def test_cli_stops_a_hooks_run_in_one_line_and_results_claim_no_epsilon(tmp_path):
+    out = _gated_cli(tmp_path, "hooks")
+    assert out.returncode == 2, out.stderr[-2000:]
+    lines = [line for line in out.stderr.splitlines() if "branch.weight" in line]
+    assert lines and "not a guarantee" in lines[-1]
+    results = json.loads((tmp_path / "results.json").read_text())
+    assert results["epsilon"] is None and results["steps"] > 0
+    assert "not a guarantee" in results["epsilon_caveat"]
+
+
+def test_cli_auto_switch_is_recorded_and_checks_stay_within_their_time_budget(tmp_path):
+    out = _gated_cli(tmp_path, "auto")
+    assert out.returncode == 0, out.stderr[-2000:]
+    results = json.loads((tmp_path / "results.json").read_text())
+    check = results["per_sample_check"]
+    assert check["switched_engine"]["step"] > 0 and "branch.weight" in check["switched_engine"]["parameters"]
+    assert "not a guarantee" in results["epsilon_caveat"]
+    assert check["check_time_s"] <= 1.5 * check["time_fraction"] * results["train_time_s"]
