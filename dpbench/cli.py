@@ -83,13 +83,7 @@ def _objective(cfg: DictConfig) -> float | None:
     hydra_config = HydraConfig.get()
     run_dir = Path(hydra_config.runtime.output_dir)
     (run_dir / REFUSED_FILE).unlink(missing_ok=True)  # an earlier refusal of this job is no longer the news
-    if cfg.privacy.get("seed") is not None:
-        from dpbench.redaction import redact_saved_configs
-
-        if hydra_config.output_subdir is not None:
-            redact_saved_configs(run_dir / hydra_config.output_subdir)
-        if hydra_config.mode == RunMode.MULTIRUN:
-            redact_saved_configs(Path(hydra_config.sweep.dir))
+    _redact_privacy_seed(hydra_config)
     mode = cfg.profiler.fresh_process
     if mode not in ("always", "multirun", "never"):
         raise ConfigurationError(f"profiler.fresh_process must be always, multirun or never, got {mode!r}")
@@ -100,14 +94,26 @@ def _objective(cfg: DictConfig) -> float | None:
     return objective_value(run_experiment(cfg, run_dir))
 
 
-def _record_refusal(error: ConfigurationError) -> None:
+def _redact_privacy_seed(hydra_config: DictConfig) -> None:
+    """Before anything else runs: the seed out of Hydra's saved configs (the job's, the sweep's) and out of argv,
+    which W&B records (a multirun's fresh job process inherits it), however the command line spelled it."""
+    from dpbench.redaction import redact_overrides, redact_saved_configs
+
+    sys.argv[:] = redact_overrides(sys.argv)
+    if hydra_config.output_subdir is not None:
+        redact_saved_configs(Path(hydra_config.runtime.output_dir) / hydra_config.output_subdir)
+    if hydra_config.mode == RunMode.MULTIRUN:
+        redact_saved_configs(Path(hydra_config.sweep.dir))
+
+
+def _record_refusal(message: str) -> None:
     """refused.json in the job's directory: the sweep report lists it beside the runs."""
+    from dpbench.redaction import redact_overrides
     from dpbench.results import REFUSED_FILE, write_json_atomic
 
     hydra_config = HydraConfig.get()
-    overrides = [o for o in hydra_config.overrides.task if not o.startswith("privacy.seed=")]
-    write_json_atomic(Path(hydra_config.runtime.output_dir) / REFUSED_FILE, {"overrides": overrides,
-                                                                              "error": str(error)})
+    write_json_atomic(Path(hydra_config.runtime.output_dir) / REFUSED_FILE,
+                      {"overrides": redact_overrides(hydra_config.overrides.task), "error": message})
 
 
 register_schemas()
@@ -119,9 +125,12 @@ def main(cfg: DictConfig) -> float | None:
     try:
         return _objective(cfg)
     except ConfigurationError as error:
-        print(f"dpbench: error: {error}", file=sys.stderr)
+        from dpbench.redaction import redact_value
+
+        message = redact_value(str(error), cfg.privacy.get("seed"))  # e.g. an invalid seed, quoted
+        print(f"dpbench: error: {message}", file=sys.stderr)
         if HydraConfig.get().mode == RunMode.MULTIRUN:  # one refused job must not end the sweep: record it
-            _record_refusal(error)
+            _record_refusal(message)
             return None
         sys.exit(2)
     except RunInterrupted as interrupted:

@@ -17,8 +17,10 @@ from dpbench.optim import OptimizerConfig
 @dataclass
 class PrivacyConfig:
     epsilon: float | None = 3.0
-    """Target epsilon; the noise multiplier is calibrated to it when noise_multiplier is null."""
+    """Target epsilon; the noise multiplier is calibrated to it when noise_multiplier is null. Beside a fixed
+    noise_multiplier it is no target: the noise wins (stop_on_budget stops at it; results.json says which won)."""
     delta: float = 1e-5
+    """At or above 1/N (training samples) it is refused unless allow_large_delta; above 1/N^1.1 it is warned of."""
     noise_multiplier: float | None = None
     clip_norm: float = 1.0
     sampling: str = "poisson"
@@ -37,6 +39,9 @@ class PrivacyConfig:
     the largest epsilon any reproduced paper trains at (30) and a likelihood ratio of e^100: no guarantee left."""
     allow_infinite_epsilon: bool = False
     """Run even when the planned epsilon is infinite (e.g. JL with r = 1, to time it): results say so."""
+    allow_large_delta: bool = False
+    """Run with delta at or above 1/N, where a mechanism that publishes a random training record outright meets
+    the (epsilon, delta) claim."""
 
 
 @dataclass
@@ -47,6 +52,7 @@ class TrainerConfig:
     """Lightning strategy, e.g. ddp: each rank Poisson-samples its shard; sums meet in one all-reduce, noised once."""
     num_nodes: int = 1
     precision: str = "32-true"
+    """32 or 64 only (see check_precision)."""
     enable_progress_bar: bool = True
     log_every_n_steps: int = 10
     check_val_every_n_epoch: int | None = 1
@@ -111,6 +117,20 @@ def _positive(value: float | None, key: str, meaning: str, optional: bool = Fals
         raise ConfigurationError(f"{key} must be {meaning}, got {value}")
 
 
+FULL_PRECISIONS = ("32", "32-true", "64", "64-true")
+
+
+def check_precision(precision: Any) -> None:
+    """Mixed or half precision is refused: Lightning's gradient scaler would rescale the privatized gradients
+    dpbench writes itself, and per-sample norms and clipped sums would be formed in reduced precision."""
+    if str(precision) not in FULL_PRECISIONS:
+        raise ConfigurationError(
+            f"trainer.precision={precision} is not supported: dpbench forms each privatized gradient itself "
+            "(per-sample clipping and noise), which mixed or half precision would rescale or round; use "
+            "trainer.precision=32-true (or 64-true)"
+        )
+
+
 def check_run_settings(config: Config) -> None:
     """The top-level numbers a run cannot be honest with: refused before any data is loaded."""
     _positive(config.batch_size, "batch_size", "a positive expected batch size")
@@ -130,6 +150,7 @@ def check_run_settings(config: Config) -> None:
               "a positive number of steps, or null", optional=True)
     _positive(config.trainer.checkpoint_every_minutes, "trainer.checkpoint_every_minutes",
               "a positive number of minutes, or null", optional=True)
+    check_precision(config.trainer.precision)
 
 
 def register_schemas() -> None:

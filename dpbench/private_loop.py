@@ -19,13 +19,13 @@ from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from dpbench.config import PrivacyConfig
+from dpbench.config import PrivacyConfig, check_precision
 from dpbench.data.bundle import DataBundle
 from dpbench.errors import ConfigurationError
 from dpbench.optim import OptimizerConfig
 from dpbench.privacy.accountant import EpsilonReport, PrivacyAccountant
-from dpbench.privacy.ledger import PrivacyLedger
-from dpbench.privacy.plan import PrivacyPlan, make_plan
+from dpbench.privacy.ledger import PrivacyLedger, Underreport
+from dpbench.privacy.plan import PrivacyPlan, declared_composition, make_plan
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privacy.sampling import PoissonBatchSampler
 from dpbench.privatizers import PrivacySettings, PrivatizerStrategy, StepContext, StepOutput, make_strategy
@@ -79,20 +79,31 @@ class PrivacySpent:
     """poisson, or shuffle (accepted with accept_non_poisson: see caveat)."""
     caveat: str | None
     report: EpsilonReport | None
+    ledger_underreported: Underreport | None = None
+    """Set when the recorded steps composed less than the privatizer's declared composition: `epsilon` is then the
+    declared figure (see PrivacyLedger)."""
 
 
 def _plan(
     model: nn.Module, privatizer: Privatizer, sampling_rate: float, steps: int, randomness: PrivacyRandomness,
     target_epsilon: float | None, noise_multiplier: float | None, delta: float, clip_norm: float, sampling: str,
-    eps_error: float,
+    eps_error: float, train_size: int, allow_large_delta: bool,
 ) -> tuple[PrivatizerStrategy, PrivacyPlan]:
-    """The strategy (checked against its contract) with its noise calibrated for `steps` (not yet attached)."""
+    """The strategy (checked against its contract) with its noise calibrated for `steps` (not yet attached).
+
+    Both a target epsilon and a noise multiplier are refused: one of them would be silently ignored."""
+    if target_epsilon is not None and noise_multiplier is not None:
+        raise ConfigurationError(
+            f"give either target_epsilon or noise_multiplier, not both (got {target_epsilon:g} and "
+            f"{noise_multiplier:g}): a fixed noise multiplier spends what it spends, whatever the target"
+        )
     config = {"name": privatizer} if isinstance(privatizer, str) else dict(privatizer)
     settings = PrivacySettings(clip_norm, sampling_rate, noise_multiplier, randomness)
     strategy = make_strategy(config, settings)
     privacy = PrivacyConfig(epsilon=target_epsilon, delta=delta, noise_multiplier=noise_multiplier,
-                            clip_norm=clip_norm, sampling=sampling, accountant_eps_error=eps_error)
-    return strategy, make_plan(strategy, privacy, sampling_rate, steps, model)
+                            clip_norm=clip_norm, sampling=sampling, accountant_eps_error=eps_error,
+                            allow_large_delta=allow_large_delta)
+    return strategy, make_plan(strategy, privacy, sampling_rate, steps, model, train_size)
 
 
 class PrivateTraining:
@@ -110,7 +121,8 @@ class PrivateTraining:
         self.expected_batch_size = expected_batch_size
         self.caveat = caveat
         self.physical_batch_size = physical_batch_size
-        self.ledger = PrivacyLedger(plan.delta, PrivacyAccountant(eps_error=eps_error))
+        self.ledger = PrivacyLedger(plan.delta, PrivacyAccountant(eps_error=eps_error),
+                                    declared_composition(strategy, plan))
         self.steps = 0
         """Logical steps taken (what the ledger holds for a private strategy)."""
 
@@ -130,9 +142,11 @@ class PrivateTraining:
         return output
 
     def epsilon(self) -> PrivacySpent:
+        """Never below the privatizer's declared composition for the steps taken (see PrivacyLedger)."""
         report = self.ledger.epsilon() if self.plan.private else None
         spent = report.epsilon if report else math.inf
-        return PrivacySpent(spent, self.plan.delta, self.steps, self.plan.sampling, self.caveat, report)
+        return PrivacySpent(spent, self.plan.delta, self.steps, self.plan.sampling, self.caveat, report,
+                            self.ledger.underreported)
 
 
 def _sampling(data_loader: DataLoader, accept_non_poisson: bool) -> tuple[float, PrivacyRandomness, str | None]:
@@ -169,9 +183,11 @@ def make_private(
     physical_batch_size: int | None = None,
     accept_non_poisson: bool = False,
     eps_error: float = 0.01,
+    allow_large_delta: bool = False,
 ) -> PrivateTraining:
     """Wrap a model for a plain PyTorch loop: the noise is calibrated to `target_epsilon` over `steps` (or `epochs`
-    passes of the loader), or fixed by `noise_multiplier`, before the first step.
+    passes of the loader), or fixed by `noise_multiplier` (not both), before the first step. A `delta` at or above
+    1/N is refused unless `allow_large_delta` (as privacy.allow_large_delta).
 
     `optimizer` is yours (a torch Optimizer over the model's parameters) unless the privatizer builds its own
     (GRAPE, DP-GaLore, sparse), which then takes an OptimizerConfig. `task` gives the per-sample loss (default:
@@ -182,7 +198,8 @@ def make_private(
         raise ConfigurationError("give make_private either epochs or steps")
     total = steps if steps is not None else epochs * len(data_loader)  # type: ignore[operator]
     strategy, plan = _plan(model, privatizer, sampling_rate, total, randomness, target_epsilon, noise_multiplier,
-                           delta, clip_norm, "poisson" if caveat is None else "shuffle", eps_error)
+                           delta, clip_norm, "poisson" if caveat is None else "shuffle", eps_error,
+                           len(data_loader.dataset), allow_large_delta)  # type: ignore[arg-type]
     strategy.attach(model)
     if isinstance(optimizer, OptimizerConfig):
         optimizer = strategy.configure_optimizer(model, optimizer)
@@ -198,9 +215,15 @@ def make_private(
 
 
 class PrivateModule(DPModule):
-    """dpbench's Lightning module for your own Trainer; it refuses to train past the planned steps."""
+    """dpbench's Lightning module for your own Trainer; it refuses to train past the planned steps, and mixed
+    precision (see dpbench.config.check_precision)."""
 
     plan: PrivacyPlan
+
+    def setup(self, stage: str) -> None:
+        if stage == "fit":
+            check_precision(self.trainer.precision)
+        super().setup(stage)
 
     def on_train_start(self) -> None:
         super().on_train_start()
@@ -209,7 +232,13 @@ class PrivateModule(DPModule):
             raise ConfigurationError(f"Trainer(max_steps={max_steps}) exceeds the {self.plan.steps} steps the noise "
                                      "was calibrated for: pass max_steps=module.plan.steps")
 
+    def on_train_end(self) -> None:
+        """The end of a fit checks the ledger against the declared composition, so an under-report is said then."""
+        self.epsilon()
+
     def epsilon(self) -> EpsilonReport | None:
+        """Never below the privatizer's declared composition for the steps taken (`ledger.underreported` says when
+        the ledger's own figure was)."""
         return self.ledger.epsilon() if self.plan.private else None
 
 
@@ -229,6 +258,7 @@ def make_private_module(
     eval_batch_size: int = 1000,
     privacy_seed: int | None = None,
     eps_error: float = 0.01,
+    allow_large_delta: bool = False,
 ) -> tuple[PrivateModule, L.LightningDataModule]:
     """A Lightning module and data module for `trainer.fit(module, datamodule=...)` with your own Trainer: Poisson
     batches keyed by the trainer's step, the noise calibrated for `steps`. Give the Trainer `max_steps=steps` and
@@ -236,8 +266,8 @@ def make_private_module(
     randomness = PrivacyRandomness(privacy_seed)
     datamodule = DPDataModule(data, batch_size, "poisson", randomness, eval_batch_size)
     strategy, plan = _plan(model, privatizer, datamodule.sampling_rate, steps, randomness, target_epsilon,
-                           noise_multiplier, delta, clip_norm, "poisson", eps_error)
-    ledger = PrivacyLedger(delta, PrivacyAccountant(eps_error=eps_error))
+                           noise_multiplier, delta, clip_norm, "poisson", eps_error, len(data.train), allow_large_delta)
+    ledger = PrivacyLedger(delta, PrivacyAccountant(eps_error=eps_error), declared_composition(strategy, plan))
     module = PrivateModule(model, data.task, strategy, optimizer, ledger, float(batch_size), physical_batch_size)
     module.plan = plan
     return module, datamodule

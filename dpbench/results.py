@@ -42,13 +42,21 @@ def _fmt(value: Any, spec: str = ".4g") -> str:
     return str(value)
 
 
+def _underreport(results: dict[str, Any]) -> str:
+    """Where the reported epsilon is the privatizer's declared figure because its ledger composed less."""
+    mark = results.get("ledger_underreported")
+    if not mark:
+        return ""
+    return f" from the privatizer's composition(): its ledger under-reported {_fmt(mark['ledger_epsilon'])}"
+
+
 def summary_text(results: dict[str, Any]) -> str:
     metric = results.get("test_metric", "accuracy")
     rows = [
         ("run", f"{results['privatizer']} | {results['model']} | {results['data']} | {results['device']}"),
         (f"test {metric}", _fmt(results.get(f"test_{metric}"), ".4f")),
         ("epsilon (spent)", f"{_fmt(results['epsilon'])} at delta={_fmt(results['delta'])} "
-                            f"[{results.get('accountant_method', '-')}]"),
+                            f"[{results.get('accountant_method', '-')}]{_underreport(results)}"),
         ("noise multiplier", _fmt(results["noise_multiplier"])),
         ("clip norm", _fmt(results.get("clip_norm"))),
         ("sampling", f"{results['sampling']} q={_fmt(results['sampling_rate'])} "

@@ -29,9 +29,10 @@ from dpbench.models import build_model
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.budget import steps_within_budget
 from dpbench.privacy.ledger import PrivacyLedger
-from dpbench.privacy.plan import PrivacyPlan, make_plan
+from dpbench.privacy.plan import PrivacyPlan, declared_composition, make_plan, noise_multiplier_source
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, PrivatizerStrategy, make_strategy
+from dpbench.privatizers.per_sample import PerSampleMismatch
 from dpbench.profiling import ProfilerCallback
 from dpbench.redaction import public_config
 from dpbench.results import RESULTS_FILE, summary_text, write_json_atomic
@@ -144,7 +145,7 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     privacy = PrivacySettings(typed.privacy.clip_norm, sampling_rate, typed.privacy.noise_multiplier, randomness)
     strategy = make_strategy(cfg.privatizer, privacy)
     model = build_model(cfg.model, data)
-    plan = make_plan(strategy, typed.privacy, sampling_rate, steps, model)
+    plan = make_plan(strategy, typed.privacy, sampling_rate, steps, model, len(data.train))
     budget_steps = _steps_within_budget(typed, plan, strategy, steps)
     return PreparedRun(typed, data, datamodule, randomness, strategy, model, plan, steps, budget_steps)
 
@@ -207,7 +208,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if saved is not None:
         check_resume(saved, plan.to_dict(), public_config(cfg), extend)
 
-    ledger = PrivacyLedger(typed.privacy.delta, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error))
+    ledger = PrivacyLedger(typed.privacy.delta, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error),
+                           declared_composition(strategy, plan))
     module = DPModule(
         model, data.task, strategy, typed.optimizer, ledger, typed.batch_size, typed.physical_batch_size,
         typed.logger.train_stats, "val" if data.validation is not None else "val_on_test",
@@ -245,6 +247,10 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             ) from None
         except SIGTERMException:  # Lightning's own SIGTERM exit (code 0) after our checkpoint at the epoch's end
             raise RunInterrupted(signal.SIGTERM, trainer.global_step, saved_to) from None
+        except PerSampleMismatch as mismatch:
+            if trainer.is_global_zero:
+                _record_mismatch(run_dir, strategy, ledger, mismatch, public_config(cfg))
+            raise
         wall = time.perf_counter() - started
         signals.stop_if_received(trainer.global_step, saved_to)
         tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
@@ -266,6 +272,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "epsilon_estimate": report.epsilon_estimate if report else None,
         "accountant_method": report.method if report else None,
         "accountant_fallback_reason": report.fallback_reason if report else None,
+        "ledger_underreported": ledger.underreported.to_dict() if report and ledger.underreported else None,
+        "noise_multiplier_source": noise_multiplier_source(typed.privacy) if plan.private else None,
         "target_epsilon": typed.privacy.epsilon if plan.private and plan.calibrated else None,
         "planned_epsilon": plan.planned_epsilon,
         "calibration_floor_hit": plan.floor_hit,
@@ -297,6 +305,14 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     }
     if plan.private:
         results.update(strategy.privacy_report(ledger.steps, typed.privacy.delta))
+        results["per_sample_check"] = strategy.checks.report()
+        switched = strategy.checks.switched
+        if switched is not None:
+            results["epsilon_caveat"] = (
+                f"not a guarantee: steps before {switched['step']} were clipped with per-sample gradients that the "
+                f"check at step {switched['step']} found wrong ({', '.join(switched['parameters'])}); from then on "
+                f"the exact {switched['to']} engine"
+            )
     if plan.sampling != "poisson":
         results["accounting_note"] = (
             "shuffled fixed-size batches: the epsilon is the Poisson-subsampling figure, which such batches do "
@@ -323,6 +339,26 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     _finish_wandb(loggers, results)
     print(summary_text(results), flush=True)
     return results
+
+
+def _record_mismatch(
+    run_dir: Path, strategy: PrivatizerStrategy, ledger: PrivacyLedger, mismatch: PerSampleMismatch,
+    config: dict[str, Any],
+) -> None:
+    """A run stopped by a failed per-sample check: its steps were clipped wrongly, so no epsilon is claimed."""
+    spent = ledger.epsilon().epsilon if ledger.steps else None
+    write_json_atomic(run_dir / RESULTS_FILE, {
+        "privatizer": strategy.name,
+        "stopped": f"per-sample check failed at step {mismatch.step}",
+        "error": str(mismatch),
+        "epsilon": None,
+        "epsilon_caveat": (f"not a guarantee: the {ledger.steps} steps taken were clipped with per-sample gradients "
+                           f"found wrong for {', '.join(mismatch.parameters)}; the accountant's figure for them was "
+                           f"{spent}"),
+        "steps": ledger.steps,
+        "per_sample_check": strategy.checks.report(),
+        "config": config,
+    })
 
 
 def _extension_report(saved: SavedRun, epsilon: float) -> dict[str, Any]:

@@ -24,7 +24,7 @@ from dpbench.privatizers.per_sample.schedule import CheckSchedule
 from dpbench.tasks import ClassificationTask
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
-from tests.checked_models import GatedSortedBranch, TrainModeCentering
+from tests.checked_models import GatedSortedBranch, TrainModeCentering, TrainModeStandardizing
 from tests.cli import FAST, dpbench
 
 SIZE, FEATURES, BATCH = 1024, 8, 32
@@ -91,11 +91,12 @@ def test_auto_switches_to_the_exact_engine_from_the_failing_step_on():
 
 def test_train_mode_mixing_is_caught_before_the_first_step_and_auto_bounds_the_add_one_change():
     """A batch norm written by hand (batch mean in training mode only): an eval-mode check passed it and the hooks
-    then released a clipped sum whose add-one change exceeded C. Explicit hooks refuse it; auto's clipped sums of
-    D and D + x differ by at most C."""
+    then released a clipped sum whose add-one change exceeded C (4.0 against C = 1 here). Explicit hooks refuse it;
+    auto's clipped sums of D and D + x differ by at most C."""
     torch.manual_seed(0)
     model = nn.Sequential(TrainModeCentering(), nn.Tanh(), nn.Linear(6, 3)).double()
     batch = torch.randn(9, 6, dtype=torch.float64), torch.randint(0, 3, (9,))
+    batch[0][8] *= 100  # x: a sample with a huge gradient, which the batch mean spreads over every other sample
     hooks = make_strategy(OmegaConf.create({"name": "vanilla", "engine": "hooks"}), PrivacySettings(1.0, 0.5, 0.0))
     hooks.attach(model)
     with pytest.raises(UnsupportedModelError, match=r"0\.fc\.weight"):
@@ -110,6 +111,18 @@ def test_train_mode_mixing_is_caught_before_the_first_step_and_auto_bounds_the_a
     without = clipped_sum(batch[0][:8], batch[1][:8])
     with_x = clipped_sum(*batch)
     assert float((with_x - without).norm()) <= 1.0 + 1e-9
+
+
+def test_batch_statistics_that_a_sample_alone_cannot_form_are_refused_not_skipped():
+    """The std of one sample is nan: the per-example pass is not finite where the batch's is, which is a mismatch (a
+    check that skipped non-finite references passed this model)."""
+    torch.manual_seed(0)
+    model = nn.Sequential(TrainModeStandardizing(), nn.Linear(6, 3)).double()
+    strategy = make_strategy(OmegaConf.create({"name": "vanilla", "engine": "hooks"}), PrivacySettings(1.0, 0.5, 0.0))
+    strategy.attach(model)
+    batch = torch.randn(8, 6, dtype=torch.float64), torch.randint(0, 3, (8,))
+    with pytest.raises(UnsupportedModelError, match=r"0\.fc\.weight"):
+        strategy.privatize(model, ClassificationTask(), batch, StepContext(0, 8.0))
 
 
 class DropoutNet(nn.Module):

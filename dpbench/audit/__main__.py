@@ -9,15 +9,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
-
-import torch
 
 from dpbench.audit.canary import canary_ranks, plot_histograms, uniformity
 from dpbench.data.corpus import make_canaries
 from dpbench.errors import ConfigurationError
 from dpbench.models.word2vec import Word2Vec
 from dpbench.results import RESULTS_FILE, write_json_atomic
+from dpbench.training.checkpoint_io import load_checkpoint
 
 
 def load_run(run_dir: Path) -> tuple[Word2Vec, dict, dict]:
@@ -29,7 +29,7 @@ def load_run(run_dir: Path) -> tuple[Word2Vec, dict, dict]:
     if not data_cfg.get("canaries"):
         raise ConfigurationError(f"{run_dir}: trained without canaries; train with data.canaries=1000")
     model = Word2Vec(model_cfg["vocab_size"], model_cfg["dim"], model_cfg["mode"], model_cfg["tied"])
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    checkpoint = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")
     state = {k.removeprefix("model."): v for k, v in checkpoint["state_dict"].items() if k.startswith("model.")}
     model.load_state_dict(state)
     return model.eval(), data_cfg, results
@@ -42,6 +42,15 @@ def main() -> None:
     parser.add_argument("--bins", type=int, default=10)
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args()
+    try:
+        audit(args)
+    except ConfigurationError as error:  # a run the audit cannot use, or a checkpoint it refuses to load
+        print(f"dpbench.audit: error: {error}", file=sys.stderr)
+        sys.exit(2)
+
+
+def audit(args: argparse.Namespace) -> None:
+    """canary_audit.json for every run under the given directories, and their rank histograms in one figure."""
     runs = sorted({p.parent for d in args.dirs for p in ([d / RESULTS_FILE] + list(d.rglob(RESULTS_FILE)))
                    if p.exists()})
     if not runs:

@@ -32,6 +32,9 @@ class EpsilonReport:
     method: str
     """'prv', 'rdp' (fallback) or 'none' (nothing private was composed)."""
     fallback_reason: str | None = None
+    epsilon_lower: float | None = None
+    """Lower bound on the true epsilon (PRV: the discretisation's error bar below the estimate; None for RDP, which
+    bounds from above only): a figure below it certainly under-reports this composition."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -119,14 +122,15 @@ class PrivacyAccountant:
             raise ValueError(f"delta must lie in (0, 1), got {delta}")
         merged = merge_composition(composition)
         if not merged:
-            return EpsilonReport(0.0, 0.0, "none")
+            return EpsilonReport(0.0, 0.0, "none", epsilon_lower=0.0)
         prvs, counts = accounting_prvs(merged, delta), [count for _, count in merged]
         if infinite_mass(prvs, counts) >= delta:
-            return EpsilonReport(math.inf, math.inf, "prv", "probability of an infinite privacy loss exceeds delta")
+            return EpsilonReport(math.inf, math.inf, "prv", "probability of an infinite privacy loss exceeds delta",
+                                 math.inf)
         with ThreadPoolExecutor(max_workers=1) as pool:
             future = pool.submit(self._prv_epsilon, prvs, counts, delta)
             try:
-                upper, estimate = future.result(timeout=self.timeout_s)
+                upper, estimate, lower = future.result(timeout=self.timeout_s)
                 reason = None if math.isfinite(upper) and upper >= 0 else f"non-finite PRV result {upper}"
             except FutureTimeout:
                 reason = f"PRV accountant exceeded {self.timeout_s:.0f} s"
@@ -134,11 +138,14 @@ class PrivacyAccountant:
             except (ValueError, RuntimeError, FloatingPointError, OverflowError, ArithmeticError, MemoryError) as error:
                 reason = f"PRV accountant failed: {error!r}"
         if reason is None:
-            return EpsilonReport(upper, estimate, "prv")
+            return EpsilonReport(upper, estimate, "prv", epsilon_lower=lower)
         rdp_epsilon = self.rdp_epsilon(merged, delta)
         return EpsilonReport(rdp_epsilon, rdp_epsilon, "rdp", reason)
 
-    def _prv_epsilon(self, prvs: list[PrivacyRandomVariable], steps: list[int], delta: float) -> tuple[float, float]:
+    def _prv_epsilon(
+        self, prvs: list[PrivacyRandomVariable], steps: list[int], delta: float
+    ) -> tuple[float, float, float]:
+        """(upper bound, estimate, lower bound) of epsilon."""
         delta_error = delta * self.delta_error_ratio
         cap = loss_cap(prvs)
         eps_error = max(self.eps_error, RELATIVE_EPS_ERROR * cap)
@@ -150,8 +157,8 @@ class PrivacyAccountant:
             raise ValueError(f"the PRV domain would span +-{domain:.3g} (limit {limit:g})")
         grid = Domain.create_aligned(-domain, domain, mesh)
         composed = Heterogeneous([discretise(prv, grid) for prv in prvs]).compute_composition(steps)
-        _, estimate, upper = composed.compute_epsilon(delta, delta_error, eps_error)
-        return float(upper), float(estimate)
+        lower, estimate, upper = composed.compute_epsilon(delta, delta_error, eps_error)
+        return float(upper), float(estimate), float(lower)
 
     @staticmethod
     def rdp_epsilon(composition: Composition, delta: float) -> float:

@@ -3,7 +3,11 @@
 A private strategy's `composition(sigma, steps)` must return a non-empty list of (Mechanism, count) pairs with at
 least one non-trivial mechanism applied a positive number of times, and `step_mechanisms(step)` a non-empty list of
 Mechanism: what calibration searches over and what the ledger composes. An empty composition would account
-epsilon 0 and calibrate the noise to nothing, so it is refused, never taken as "free".
+epsilon 0 and calibrate the noise to nothing, so it is refused, never taken as "free". A schedule that changes over
+the run lists its pairs in step order, one mechanism per step.
+
+That step_mechanisms() reports no less than composition() declares cannot be checked here (it depends on the steps
+taken); the ledger checks it at every epsilon() and reports the larger figure (dpbench.privacy.ledger).
 """
 
 from __future__ import annotations

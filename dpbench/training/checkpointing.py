@@ -1,7 +1,7 @@
 """Checkpoints during training: every N steps, every M minutes, on SIGINT/SIGTERM, and at the last step.
 
 Every checkpoint is taken at a step boundary (after the optimizer step and the ledger entry), so a resume never
-half-replays a step; the file is written atomically by `AtomicCheckpointIO`.
+half-replays a step; the file is written atomically, and private to the user, by `AtomicCheckpointIO`.
 The checkpoint also holds the global RNG states, so dropout masks replay identically after a resume.
 """
 
@@ -72,7 +72,8 @@ class StopSignals:
 
 
 def _rng_states() -> dict[str, Any]:
-    """Tensors and plain values only: Lightning restores checkpoints with torch.load(weights_only=True)."""
+    """Tensors and plain values only: checkpoints are read with torch's weights-only unpickler and nothing else
+    (checkpoint_io.load_checkpoint)."""
     name, keys, position, has_gauss, cached_gauss = np.random.get_state()
     numpy_state = [name, torch.from_numpy(keys.copy()), position, has_gauss, cached_gauss]
     states = {"torch": torch.get_rng_state(), "numpy": numpy_state, "python": random.getstate()}
@@ -127,7 +128,7 @@ class PeriodicCheckpoint(L.Callback):
         started = time.perf_counter()
         for logger in trainer.loggers:  # the history on disk reaches at least as far as the checkpoint
             logger.save()
-        trainer.save_checkpoint(self.path, weights_only=False)
+        trainer.save_checkpoint(self.path, weights_only=False)  # the full state, not only the weights
         self.save_seconds.append(time.perf_counter() - started)
         self._last_save = time.monotonic()
         log.info("checkpoint at step %d: %s", trainer.global_step, self.path)

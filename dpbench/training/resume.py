@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from dpbench.errors import ConfigurationError
+from dpbench.training.checkpoint_io import load_checkpoint
 from dpbench.training.checkpointing import RUN_STATE_KEY
 
 RESUME_MODES = {"false": "false", "true": "true", "auto": "auto"}
@@ -63,9 +62,12 @@ def checkpoint_to_resume(value: Any, checkpoint: Path) -> Path | None:
 
 
 def read_saved_run(path: Path) -> SavedRun:
-    """Load the checkpoint's run state; a torn, empty or foreign file is one clear error, not a traceback."""
+    """Load the checkpoint's run state; a torn, empty, foreign or crafted file is one clear error, not a traceback
+    (and a crafted one runs nothing: see `load_checkpoint`)."""
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=False, mmap=True)
+        checkpoint = load_checkpoint(path, mmap=True)
+    except ConfigurationError:
+        raise
     except Exception as error:  # torch raises many kinds for a torn file: all mean the same to the user
         raise ConfigurationError(
             f"checkpoint {path} cannot be read ({type(error).__name__}: {str(error).splitlines()[0][:120]}): it is "

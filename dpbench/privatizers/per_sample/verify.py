@@ -124,12 +124,17 @@ def per_example_deviations(
 
 
 def deviation(got: Tensor, got_norm: float, reference: Tensor) -> Deviation:
-    """The engine's per-sample gradient `got` (and the norm it clips with) against the per-example `reference`."""
-    if got.shape != reference.shape:
-        return Deviation(math.inf, float(reference.norm()), (got.dtype, reference.dtype))
+    """The engine's per-sample gradient `got` (consumed) and the norm it clips with, against the per-example
+    `reference`. A reference that is not finite must be matched by an engine value that is not finite either (the
+    step drops that sample); a finite one there means the batch computed something the sample alone does not."""
+    dtypes = (got.dtype, reference.dtype)
     reference_norm = float(reference.norm())
+    if not math.isfinite(reference_norm):
+        return Deviation(0.0 if not math.isfinite(got_norm) else math.inf, 0.0, dtypes)
+    if got.shape != reference.shape:
+        return Deviation(math.inf, reference_norm, dtypes)
     difference = float(got.sub_(reference.to(got.dtype)).norm())
-    return Deviation(max(difference, abs(got_norm - reference_norm)), reference_norm, (got.dtype, reference.dtype))
+    return Deviation(max(difference, abs(got_norm - reference_norm)), reference_norm, dtypes)
 
 
 def parameters_reached(losses: Tensor) -> set[Tensor]:
@@ -149,8 +154,6 @@ def mismatched(deviations: dict[str, Deviation]) -> dict[str, float]:
     parameters with (nearly) zero gradient are compared at the precision the clipping sees, in the coarser of the two
     sides' precisions (mixed precision forms the sites in the activations' dtype).
     """
-    if not all(math.isfinite(d.reference_norm) for d in deviations.values()):
-        return {}  # a non-finite sample is dropped from the step anyway
     total = math.sqrt(sum(d.reference_norm ** 2 for d in deviations.values()))
     bad = {}
     for name, d in deviations.items():
