@@ -8,6 +8,8 @@ from pathlib import Path
 
 import torch
 
+from dpbench.training.checkpoint_io import load_checkpoint
+
 ROOT = Path(__file__).resolve().parents[1]
 FAST = ["trainer.enable_progress_bar=false", "eval_batch_size=1000"]
 
@@ -25,5 +27,5 @@ def results(run_dir: Path) -> dict:
 
 def final_weights(run_dir: Path) -> torch.Tensor:
     """The model's parameters in the run's last checkpoint, flattened in module order."""
-    state = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    state = load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["state_dict"]
     return torch.cat([value.flatten() for key, value in state.items() if key.startswith("model.")])

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from dpbench.training.checkpoint_io import load_checkpoint
 from tests.cli import FAST, ROOT, dpbench, final_weights, results
 
 STEPS = 40
@@ -78,7 +79,7 @@ def _wait_for_checkpoint_file(process: subprocess.Popen, run_dir: Path) -> None:
 
 
 def _checkpoint_step(run_dir: Path) -> int:
-    return torch.load(run_dir / "checkpoints" / "last.ckpt", weights_only=False)["dpbench_run"]["step"]
+    return load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["dpbench_run"]["step"]
 
 
 def _assert_resumes_to_reference(run_dir: Path, reference: Path, killed_at: int) -> None:
@@ -187,7 +188,7 @@ def test_resume_continues_the_same_wandb_run(tmp_path):
     env = {"WANDB_MODE": "offline"}
     first = dpbench("max_steps=3", "epochs=1", f"hydra.run.dir={tmp_path}", *FAST, env=env)
     assert first.returncode == 0, first.stderr[-2000:]
-    run_id = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)["dpbench_run"]["wandb_id"]
+    run_id = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["dpbench_run"]["wandb_id"]
     again = dpbench("max_steps=3", "epochs=1", "resume=true", f"hydra.run.dir={tmp_path}", *FAST, env=env)
     assert again.returncode == 0, again.stderr[-2000:]
     runs = sorted(path.name for path in (tmp_path / "wandb").glob("offline-run-*"))
