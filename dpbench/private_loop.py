@@ -145,7 +145,8 @@ class PrivateTraining:
         """Never below the privatizer's declared composition for the steps taken (see PrivacyLedger)."""
         report = self.ledger.epsilon() if self.plan.private else None
         spent = report.epsilon if report else math.inf
-        return PrivacySpent(spent, self.plan.delta, self.steps, self.plan.sampling, self.caveat, report,
+        caveat = "; ".join(c for c in (self.caveat, self.strategy.checks.caveat()) if c) or None
+        return PrivacySpent(spent, self.plan.delta, self.steps, self.plan.sampling, caveat, report,
                             self.ledger.underreported)
 
 

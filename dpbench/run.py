@@ -204,6 +204,7 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     prepared = prepare_run(_with_saved_noise(cfg, saved) if extend and saved.plan["private"] else cfg)
     typed, data, datamodule, randomness = prepared.config, prepared.data, prepared.datamodule, prepared.randomness
     strategy, model, plan = prepared.strategy, prepared.model, prepared.plan
+    log.info("model=%s: %s parameters", cfg.model.name, f"{sum(p.numel() for p in model.parameters()):,}")
     steps, budget_steps, sampling_rate = prepared.steps, prepared.budget_steps, plan.sampling_rate
     if saved is not None:
         check_resume(saved, plan.to_dict(), public_config(cfg), extend)
@@ -306,13 +307,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if plan.private:
         results.update(strategy.privacy_report(ledger.steps, typed.privacy.delta))
         results["per_sample_check"] = strategy.checks.report()
-        switched = strategy.checks.switched
-        if switched is not None:
-            results["epsilon_caveat"] = (
-                f"not a guarantee: steps before {switched['step']} were clipped with per-sample gradients that the "
-                f"check at step {switched['step']} found wrong ({', '.join(switched['parameters'])}); from then on "
-                f"the exact {switched['to']} engine"
-            )
+        if strategy.checks.caveat() is not None:
+            results["epsilon_caveat"] = strategy.checks.caveat()
     if plan.sampling != "poisson":
         results["accounting_note"] = (
             "shuffled fixed-size batches: the epsilon is the Poisson-subsampling figure, which such batches do "

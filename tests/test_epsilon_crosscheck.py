@@ -4,6 +4,7 @@ epsilon, at any epsilon() call and at the end of a run (make_private, a Lightnin
 
 from __future__ import annotations
 
+import json
 import logging
 import math
 
@@ -197,3 +198,18 @@ def test_an_extended_d2p2_run_is_checked_against_the_plans_its_steps_were_taken_
     assert resumed.underreported is None and resumed.plans == [(0, first), (first, longer)]
     naive = accountant.epsilon(extended.composition(4.0, longer), 1e-5)
     assert report.epsilon < naive.epsilon_lower  # what a check against composition(sigma, steps) would have flagged
+
+
+def test_every_epochs_epsilon_is_checked_not_only_the_last(tmp_path):
+    """The per-epoch figure (the CSV, W&B and privacy_ledger.json) comes from a coarser accountant: it is
+    cross-checked too, so no epoch of the under-reporting plugin logs epsilon 0."""
+    register_schemas()
+    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
+        cfg = compose("config", overrides=["max_steps=6", "batch_size=2000", "logger.wandb=false",
+                                           "trainer.enable_progress_bar=false", "trainer.checkpoint=false",
+                                           "eval_batch_size=1000",
+                                           "+privatizer._target_=tests.test_epsilon_crosscheck.ZeroRateSteps"])
+    run_experiment(cfg, tmp_path)
+    history = json.loads((tmp_path / "privacy_ledger.json").read_text())["epsilon_spent"]
+    assert len(history) == 3
+    assert all(entry["epsilon"] > 0.1 for entry in history)

@@ -16,7 +16,7 @@ from dpbench.run import prepare_run
 from tests.cli import FAST, ROOT, dpbench, results
 
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
-JL_SWEEPS = sorted(p.stem for p in (ROOT / "sweeps").glob("jl_*.yaml"))
+JL_SWEEPS = sorted(p.stem for p in (ROOT / "conf" / "sweep").glob("jl_*.yaml"))
 
 
 def plan_of(*overrides: str):
@@ -92,9 +92,9 @@ def test_every_shipped_experiment_plans_a_finite_sensible_epsilon(name):
 @pytest.mark.slow
 @pytest.mark.parametrize("sweep", JL_SWEEPS)
 def test_every_jl_sweep_column_plans_a_finite_epsilon(sweep):
-    config = OmegaConf.load(ROOT / "sweeps" / f"{sweep}.yaml")
+    config = OmegaConf.load(ROOT / "conf" / "sweep" / f"{sweep}.yaml")
     defaults = OmegaConf.to_container(config.defaults)
-    experiment = next(entry["experiment"] for entry in defaults if isinstance(entry, dict) and "experiment" in entry)
+    experiment = next(entry["/experiment"] for entry in defaults if isinstance(entry, dict) and "/experiment" in entry)
     for privatizer in str(config.hydra.sweeper.params.privatizer).split(","):
         plan = _planned_or_skip(f"+experiment={experiment}", f"privatizer={privatizer}")
         assert not plan.private or (math.isfinite(plan.planned_epsilon) and plan.planned_epsilon <= 100.0)

@@ -51,13 +51,14 @@ class Cell:
 
 
 def status(directory: Path) -> str:
-    """done, refused, failed or pending."""
-    if (directory / RESULTS_FILE).exists():
-        return "done"
+    """done, refused, failed or pending (a run stopped by a failed per-sample check leaves a results.json that says
+    so, and its refusal beside it)."""
     if (directory / REFUSED_FILE).exists():
         return "refused"
     if (directory / FAILED_FILE).exists():
         return "failed"
+    if (directory / RESULTS_FILE).exists():
+        return "done"
     return "pending"
 
 

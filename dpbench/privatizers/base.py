@@ -180,7 +180,8 @@ class PrivatizerStrategy(ABC):
             param.grad = self.noised_sum(total, std).div_(ctx.expected_batch_size)
 
     def state_dict(self) -> dict[str, Any]:
-        return {"noise": self.noise.state_dict()}
+        return {"noise": self.noise.state_dict(), "checks": self.checks.state_dict()}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.noise.load_state_dict(state["noise"])
+        self.checks.load_state_dict(state["checks"])

@@ -5,6 +5,7 @@ So a logical step is noised exactly once whatever the number of ranks, and every
 
 from __future__ import annotations
 
+import torch
 import torch.distributed as dist
 from torch import Tensor
 
@@ -27,6 +28,15 @@ def all_reduce_sum(tensor: Tensor) -> Tensor:
     if is_distributed():
         dist.all_reduce(tensor, op=dist.ReduceOp.SUM)
     return tensor
+
+
+def any_rank(flag: bool, device: torch.device) -> bool:
+    """Whether `flag` holds on any rank: decisions every rank must take together (a check, a stop)."""
+    if not is_distributed():
+        return flag
+    tensor = torch.tensor([float(flag)], device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MAX)
+    return bool(tensor.item())
 
 
 def broadcast_randomness(randomness: PrivacyRandomness) -> None:

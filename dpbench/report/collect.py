@@ -100,5 +100,7 @@ def collect_results(directories: list[Path]) -> list[dict[str, Any]]:
             raise FileNotFoundError(f"no such run or sweep directory: {directory}")
         files = [directory] if directory.name == "results.json" else sorted(directory.rglob("results.json"))
         for path in files:
-            rows.append(row_of(json.loads(path.read_text()), path))
+            result = json.loads(path.read_text())
+            if "stopped" not in result:  # a run a failed per-sample check stopped: refused.json lists it
+                rows.append(row_of(result, path))
     return rows

@@ -20,7 +20,7 @@ class EpsilonLogger(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         last = 0 < trainer.max_steps <= trainer.global_step or 0 < trainer.max_epochs <= trainer.current_epoch + 1
         ledger = self.ledger
-        report = ledger.epsilon() if last else self.accountant.epsilon(ledger.composition(), ledger.delta)
+        report = ledger.epsilon() if last else ledger.epsilon(self.accountant)
         ledger.epsilon_history.append((ledger.steps, report.epsilon))
         pl_module.log("privacy/epsilon_spent", report.epsilon, prog_bar=True)
         pl_module.log("privacy/steps", float(ledger.steps))

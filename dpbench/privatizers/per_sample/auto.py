@@ -27,6 +27,7 @@ from dpbench.privatizers.per_sample.verify import (
     as_trained_without_dropout,
     describe,
     deviation,
+    evaluation,
     merge,
     mismatched,
     per_example_deviations,
@@ -41,12 +42,18 @@ Result = TypeVar("Result")
 
 def check_functorch(engine: FunctorchEngine, task: Task, batch: Batch, samples: list[int]) -> None:
     """vmap's per-sample gradients of a few samples against a forward and backward pass of each sample alone, in
-    training mode with dropout off (vmap would draw its own masks)."""
+    training mode with dropout off (vmap would draw its own masks). A model that still draws random numbers is
+    compared in eval mode: functorch's gradients are each sample's own by construction, so the check is of vmap's
+    tracing, which the mode does not change."""
     model = engine.model
     params = trainable_parameters(model)
-    bad: dict[str, float] = {}
-    with as_trained_without_dropout(model):
+    with as_trained_without_dropout(model) as draws:
         per_sample = engine.per_sample_gradients(task, select(batch, samples))
+        random = draws.drawn()
+    bad: dict[str, float] = {}
+    with evaluation(model) if random else as_trained_without_dropout(model):
+        if random:
+            per_sample = engine.per_sample_gradients(task, select(batch, samples))
         for k, i in enumerate(samples):
             def compare(name: str, param: nn.Parameter, grad: Tensor | None, k: int = k):
                 got = per_sample[name][k].clone()
@@ -87,6 +94,9 @@ class AutoEngine:
         return self._run(task, batch, lambda engine: engine.clipped_sum(task, batch, clip_norm, factor_fn))
 
     def _run(self, task: Task, batch: Batch, step: Callable[[HookEngine | FunctorchEngine], Result]) -> Result:
+        if isinstance(self.engine, HookEngine) and self.checks.switched is not None:  # resumed after a switch
+            self.engine.detach()
+            self.engine = FunctorchEngine(self.model, chunk_size=self.chunk_size)
         if isinstance(self.engine, HookEngine):
             try:
                 return step(self.engine)

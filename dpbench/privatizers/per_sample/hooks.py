@@ -28,6 +28,7 @@ from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
 from dpbench.errors import UnsupportedModelError
+from dpbench.privatizers import distributed
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.layers import SiteMap, handler_for, input_for
@@ -44,7 +45,7 @@ from dpbench.privatizers.per_sample.verify import (
     parameters_reached,
     per_example_deviations,
 )
-from dpbench.tasks import Batch, Task
+from dpbench.tasks import Batch, Task, batch_size_of
 
 
 class PerSampleMismatch(UnsupportedModelError):
@@ -165,7 +166,14 @@ class HookEngine:
             self._recording = False
 
     def _sites(self, task: Task, batch: Batch, dense: bool) -> tuple[dict[str, list[Site]], Tensor]:
-        checked = self._verify(task, batch, dense) if self.checks.due() else None
+        """Every rank checks when any rank's schedule asks (and stops or switches when any rank's check fails). A
+        batch of one sample is its own per-example pass: exact, and not checked (it could not show mixing)."""
+        checked = None
+        device = next(iter(self.params.values())).device  # where the model is now (Lightning moves it after attach)
+        if distributed.any_rank(self.checks.due(), device):
+            checked, bad = self._verify(task, batch, dense) if batch_size_of(batch) > 1 else (None, {})
+            if distributed.any_rank(bool(bad), device):
+                raise self._mismatch(bad)
         sites, losses, _ = self._collect(task, batch, dense, checked)
         dormant = [name for name in self.checks.dormant if name in sites]
         if dormant:
@@ -289,13 +297,21 @@ class HookEngine:
         """A per-example gradient in the space this engine's sites live in (GRAPE: projected)."""
         return grad
 
-    def _verify(self, task: Task, batch: Batch, dense: bool) -> Counter:
-        """Refuse unless a few samples' gradients and norms from the sites of the real batch are those of per-example
-        backward passes, each sample alone. In training mode with dropout off, one extra hooked pass of the batch's
-        shapes (a T == B coincidence shows), no larger than a step; returns its hooked calls per module."""
+    def _verify(self, task: Task, batch: Batch, dense: bool) -> tuple[Counter, dict[str, float]]:
+        """A few samples' gradients and norms from the sites of the real batch against per-example backward passes,
+        each sample alone. In training mode with dropout off, one extra hooked pass of the batch's shapes (a T == B
+        coincidence shows), no larger than a step; returns its hooked calls per module and the parameters that
+        differ (relative errors)."""
         started = time.perf_counter()
-        with as_trained_without_dropout(self.model):
+        with as_trained_without_dropout(self.model) as draws:
             sites, losses, called = self._collect(task, batch, dense, None)
+            if draws.drawn():
+                raise UnsupportedModelError(
+                    "the model draws random numbers in training mode besides dropout (stochastic depth, a noise "
+                    "layer), so the hook engine's per-sample gradients cannot be checked against each sample's own "
+                    "pass: turn that randomness off (e.g. drop_path_rate=0), or use privatizer.engine=functorch (or "
+                    "auto), whose per-sample gradients are each sample's own by construction"
+                )
             norms = {name: _norm_sq(group).sqrt() for name, group in sites.items()}
             _drop_nonfinite(sites, sum(norms.values(), torch.zeros(losses.shape[0], device=losses.device)))
             bad: dict[str, float] = {}
@@ -304,27 +320,30 @@ class HookEngine:
                 one_hot[i] = 1
                 bad = merge(bad, mismatched(self._deviations(task, batch, sites, norms, i, one_hot)))
         nonzero = torch.stack([n.nan_to_num(1.0).sum() for n in norms.values()]).gt(0).tolist() if norms else []
-        first = not self.checks.checked_steps
         self.checks.checked(
             time.perf_counter() - started,
             set(self.params) - {name for name, moved in zip(norms, nonzero, strict=True) if moved},
         )
-        if not bad:
-            return called
-        if first:
-            raise UnsupportedModelError(
-                f"the hook engine's per-sample gradients of {describe(bad)} differ from per-example backward passes "
+        return called, bad
+
+    def _mismatch(self, bad: dict[str, float]) -> UnsupportedModelError:
+        """The refusal (at a run's first check) or the stop (later: steps were clipped with these gradients)."""
+        found = describe(bad) if bad else "some parameters (found by another rank's check)"
+        if len(self.checks.checked_steps) <= 1:
+            return UnsupportedModelError(
+                f"the hook engine's per-sample gradients of {found} differ from per-example backward passes "
                 "on this batch: a parameter used outside its module's call (a tied output layer), an input that is "
                 "not sample-major (time-major, reshape(-1, d) of a (T, B, d) tensor, torch.cat of samples through "
                 "one layer), a module whose forward is not its type's, or a layer that mixes the samples of a batch "
                 f"(e.g. batch statistics while training): {NOT_HOOKABLE}"
             )
         step = self.checks.checked_steps[-1]
-        raise PerSampleMismatch(
-            f"at step {step} the hook engine's per-sample gradients of {describe(bad)} differ from per-example "
+        return PerSampleMismatch(
+            f"at step {step} the hook engine's per-sample gradients of {found} differ from per-example "
             f"backward passes (they matched at steps {self.checks.checked_steps[:-1]}: a layer that was inactive or "
-            f"had zero gradient then, or one that mixes samples, is now in use). Steps before {step} were clipped "
-            "with these gradients, so the epsilon reported for them is not a guarantee. "
+            f"had zero gradient then, or one that mixes samples, is now in use). The steps before {step} (and any "
+            f"earlier micro-batch of step {step}) were clipped with these gradients, so the epsilon reported for them "
+            "is not a guarantee. "
             f"{NOT_HOOKABLE}", step, sorted(bad),
         )
 

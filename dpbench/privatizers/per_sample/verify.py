@@ -68,19 +68,47 @@ class _NoDropout(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
+class RandomDraws:
+    """Whether the global generators moved since the start: randomness a check did not neutralise (stochastic depth,
+    noise layers), under which a batch and its samples alone cannot be compared in training mode."""
+
+    def __init__(self, devices: list[int]):
+        self.devices = devices
+        self.start = self._states()
+
+    def _states(self) -> list[Tensor]:
+        return [torch.get_rng_state(), *(torch.cuda.get_rng_state(device) for device in self.devices)]
+
+    def drawn(self) -> bool:
+        return any(not torch.equal(a, b) for a, b in zip(self.start, self._states(), strict=True))
+
+
 @contextmanager
-def as_trained_without_dropout(model: nn.Module) -> Iterator[None]:
+def as_trained_without_dropout(model: nn.Module) -> Iterator[RandomDraws]:
     """Training mode as the run has it, dropout off; the global RNG and the model's buffers restored afterwards, so
-    a check (at whatever step it falls) changes nothing of the run."""
+    a check (at whatever step it falls) changes nothing of the run. Yields what tells whether anything still drew."""
     buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     try:
         with torch.random.fork_rng(devices=devices), _NoDropout():
-            yield
+            yield RandomDraws(devices)
     finally:
         with torch.no_grad():
             for buffer, saved in buffers:
                 buffer.copy_(saved)
+
+
+@contextmanager
+def evaluation(model: nn.Module) -> Iterator[None]:
+    """Eval mode, modes restored afterwards: for comparing an engine that is exact by construction (functorch) on a
+    model that draws random numbers in training."""
+    modes = {module: module.training for module in model.modules()}
+    model.eval()
+    try:
+        yield
+    finally:
+        for module, training in modes.items():
+            module.training = training
 
 
 def select(batch: Batch, samples: list[int]) -> Batch:
