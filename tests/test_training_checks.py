@@ -249,3 +249,21 @@ def test_train_mode_mixing_through_a_real_trainer():
         train(centering(), {"name": "vanilla", "engine": "hooks"}, steps=20)
     module = train(centering(), {"name": "vanilla", "engine": "auto"}, steps=20)
     assert type(module.strategy.engine.engine).__name__ == "FunctorchEngine" and module.ledger.steps == 20
+
+
+def test_jl_refuses_a_forward_that_mixes_samples_while_training():
+    """JL clips by one backward of the reweighted losses, exact only when loss_i depends on sample i alone: a
+    training-only batch mean broke that silently (add-one change 4.5 against C = 1 in review); now its loss check
+    refuses it before the first step."""
+    torch.manual_seed(0)
+    model = nn.Sequential(TrainModeCentering(), nn.Tanh(), nn.Linear(6, 3))
+    batch = torch.randn(9, 6), torch.randint(0, 3, (9,))
+    jl = make_strategy(OmegaConf.create({"name": "jl", "projections": 8}), PrivacySettings(1.0, 0.5, 0.0))
+    jl.attach(model)
+    with pytest.raises(UnsupportedModelError, match="mixes samples while training"):
+        jl.privatize(model, ClassificationTask(), batch, StepContext(0, 9.0))
+    plain = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Dropout(0.3), nn.Linear(6, 3))
+    jl = make_strategy(OmegaConf.create({"name": "jl", "projections": 8}), PrivacySettings(1.0, 0.5, 0.0))
+    jl.attach(plain)
+    jl.privatize(plain, ClassificationTask(), batch, StepContext(0, 9.0))
+    assert jl.checks.checked_steps == [0]

@@ -25,6 +25,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import time
 import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -36,20 +37,21 @@ from torch.func import functional_call, jvp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._pytree import tree_map
 
-from dpbench.errors import ConfigurationError
+from dpbench.errors import ConfigurationError, UnsupportedModelError
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.mechanisms import Composition, Mechanism
 from dpbench.privacy.mixture import SubsampledGaussianMixture
 from dpbench.privacy.randomness import PrivateStream
 from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clip_factors, clipping_stats
-from dpbench.privatizers.per_sample import refuse_sample_mixing_layers, trainable_parameters
+from dpbench.privatizers.per_sample import PerSampleMismatch, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.lstm_tangent import (
     Recorded,
     jvp_lstm_forward,
     mark_unread_outputs,
     record_call,
 )
+from dpbench.privatizers.per_sample.verify import loss_deviation, tolerance
 from dpbench.tasks import Batch, Task, batch_size_of
 
 MAX_PROJECTIONS = 1024
@@ -262,9 +264,31 @@ class JL(PrivatizerStrategy):
         return {name: torch.zeros_like(p) if g is None else g for (name, p), g in zip(trainable.items(), grads,
                                                                                        strict=True)}
 
+    def _check_losses(self, model: nn.Module, task: Task, batch: Batch) -> None:
+        """Each checked sample's loss in the batch is its loss alone (verify.loss_deviation), on the checks' schedule:
+        the reweighted backward clips exactly only then."""
+        started = time.perf_counter()
+        samples = self.checks.samples(batch_size_of(batch))
+        error = loss_deviation(model, task, batch, samples)
+        self.checks.checked(time.perf_counter() - started, set())
+        dtype = next(iter(trainable_parameters(model).values())).dtype
+        if error is None or error <= tolerance(dtype):
+            return
+        step = self.checks.checked_steps[-1]
+        message = (f"at step {step}, per-sample losses in the batch differ from each sample's loss alone (relative "
+                   f"error {error:.2g}): the model mixes samples while training (e.g. batch statistics), so JL's "
+                   "reweighted backward would not clip each sample's gradient: remove that layer (GroupNorm or "
+                   "LayerNorm instead of batch statistics)")
+        if len(self.checks.checked_steps) <= 1:
+            raise UnsupportedModelError(message)
+        raise PerSampleMismatch(f"{message}. The steps before {step} were clipped with mixed gradients, so the "
+                                "epsilon reported for them is not a guarantee", step, ["<forward>"])
+
     def accumulate(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> tuple[float, dict]:
         if batch_size_of(batch) == 0:  # an empty Poisson batch is still a step: noise only
             return 0.0, {"batch_size": 0.0}
+        if batch_size_of(batch) > 1 and self.checks.due():
+            self._check_losses(model, task, batch)
         losses, projected = self.projections(model, task, batch)
         estimates = projected.pow(2).mean(1).sqrt()
         stats = clipping_stats(estimates, self.privacy.clip_norm)
