@@ -256,12 +256,10 @@ def test_jl_refuses_a_forward_that_mixes_samples_while_training():
     training-only batch mean broke that silently (add-one change 4.5 against C = 1 in review); now its loss check
     refuses it before the first step."""
     torch.manual_seed(0)
-    model = nn.Sequential(TrainModeCentering(), nn.Tanh(), nn.Linear(6, 3))
     batch = torch.randn(9, 6), torch.randint(0, 3, (9,))
-    jl = make_strategy(OmegaConf.create({"name": "jl", "projections": 8}), PrivacySettings(1.0, 0.5, 0.0))
-    jl.attach(model)
-    with pytest.raises(UnsupportedModelError, match="mixes samples while training"):
-        jl.privatize(model, ClassificationTask(), batch, StepContext(0, 9.0))
+    with pytest.raises(UnsupportedModelError, match="mixes samples while training"):  # through a real Trainer
+        train(nn.Sequential(nn.Linear(FEATURES, 6), TrainModeCentering(), nn.Tanh(), nn.Linear(6, 2)),
+              {"name": "jl", "projections": 8}, steps=10)
     plain = nn.Sequential(nn.Linear(6, 6), nn.Tanh(), nn.Dropout(0.3), nn.Linear(6, 3))
     jl = make_strategy(OmegaConf.create({"name": "jl", "projections": 8}), PrivacySettings(1.0, 0.5, 0.0))
     jl.attach(plain)
