@@ -14,7 +14,7 @@ export HF_HUB_OFFLINE ?= 1
 export HF_DATASETS_OFFLINE ?= 1
 export TRANSFORMERS_OFFLINE ?= 1
 
-.PHONY: install run test bench leaderboard lint clean
+.PHONY: install run test bench gpu-check leaderboard lint clean
 
 install: $(STAMP)
 
@@ -37,6 +37,11 @@ test: install
 bench: install
 	$(BIN)/pip install -q -e ".[bench]"
 	WANDB_MODE=disabled $(BIN)/python -m benchmarks $(ARGS)
+
+# The CUDA tests, the default run on CUDA and the OPT-1.3B/6.7B/2.7B frontier, in about 8 minutes on one GPU
+# (benchmarks/gpu_check.py); ARGS=--dry-run runs it all on CPU at small sizes.
+gpu-check: install
+	$(BIN)/python -m benchmarks.gpu_check $(ARGS)
 
 # The leaderboard (docs/leaderboard.md): ARGS=--quick for the reduced profile, ARGS=--report-only to regenerate.
 leaderboard: install

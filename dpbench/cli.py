@@ -2,20 +2,20 @@
 
 from __future__ import annotations
 
-import multiprocessing
 import signal
 import sys
-import traceback
 from pathlib import Path
 
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
+from dpbench.cli_errors import from_the_job, one_line_errors
 from dpbench.config import register_schemas
 from dpbench.errors import ConfigurationError, RunInterrupted
 from dpbench.registry import register_config_groups
+from dpbench.stop_relay import RELAY
 
 
 def config_dir() -> str:
@@ -27,49 +27,6 @@ def config_dir() -> str:
     raise FileNotFoundError("dpbench's conf/ directory was not found beside the package")
 
 
-def _child(container: dict, run_dir: str, errors: multiprocessing.Queue) -> None:
-    from dpbench.run import run_experiment
-
-    try:
-        run_experiment(OmegaConf.create(container), Path(run_dir))
-    except ConfigurationError as error:
-        errors.put(("config", str(error)))
-        sys.exit(2)
-    except RunInterrupted as interrupted:
-        checkpoint = str(interrupted.checkpoint) if interrupted.checkpoint else None
-        errors.put(("interrupted", (interrupted.signum, interrupted.step, checkpoint)))
-        sys.exit(interrupted.exit_code)
-    except BaseException:
-        errors.put(("crash", traceback.format_exc()))
-        sys.exit(1)
-
-
-def _run_in_fresh_process(cfg: DictConfig, run_dir: Path) -> float | None:
-    """Peak memory of a job is only its own in a new process (multirun jobs share one otherwise)."""
-    from dpbench.results import read_results
-
-    context = multiprocessing.get_context("spawn")
-    errors = context.Queue()
-    process = context.Process(target=_child, args=(OmegaConf.to_container(cfg, resolve=True), str(run_dir), errors))
-    process.start()
-    forward = signal.signal(signal.SIGTERM, lambda signum, frame: process.terminate())  # the job checkpoints, stops
-    ignore = signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's Ctrl-C reaches the job itself
-    try:
-        process.join()
-    finally:
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, ignore)
-    if process.exitcode != 0:
-        kind, message = errors.get(timeout=5) if not errors.empty() else ("crash", f"exit code {process.exitcode}")
-        if kind == "config":
-            raise ConfigurationError(message)
-        if kind == "interrupted":
-            signum, step, checkpoint = message
-            raise RunInterrupted(signum, step, Path(checkpoint) if checkpoint else None)
-        raise RuntimeError(f"the run in {run_dir} failed:\n{message}")
-    return objective_value(read_results(run_dir))
-
-
 def objective_value(results: dict) -> float | None:
     """What sweepers optimize: the validation metric when a validation split exists, else the test metric."""
     metric = results["test_metric"]
@@ -79,16 +36,22 @@ def objective_value(results: dict) -> float | None:
 
 def _objective(cfg: DictConfig) -> float | None:
     from dpbench.results import REFUSED_FILE
+    from dpbench.training.resume import config_to_resume
 
     hydra_config = HydraConfig.get()
     run_dir = Path(hydra_config.runtime.output_dir)
     (run_dir / REFUSED_FILE).unlink(missing_ok=True)  # an earlier refusal of this job is no longer the news
     _redact_privacy_seed(hydra_config)
+    cfg = config_to_resume(cfg, run_dir, list(hydra_config.overrides.task))
     mode = cfg.profiler.fresh_process
     if mode not in ("always", "multirun", "never"):
         raise ConfigurationError(f"profiler.fresh_process must be always, multirun or never, got {mode!r}")
     if mode == "always" or (mode == "multirun" and hydra_config.mode == RunMode.MULTIRUN):
-        return _run_in_fresh_process(cfg, run_dir)
+        from dpbench.job_process import run_in_fresh_process
+        from dpbench.results import read_results
+
+        run_in_fresh_process(cfg, run_dir)
+        return objective_value(read_results(run_dir))
     from dpbench.run import run_experiment
 
     return objective_value(run_experiment(cfg, run_dir))
@@ -120,22 +83,55 @@ register_schemas()
 register_config_groups(config_dir())
 
 
+def main() -> None:
+    """`python -m dpbench`; Hydra's own configuration errors as one line with exit 2 (see dpbench.cli_errors)."""
+    with one_line_errors("dpbench", sys.argv[1:]):
+        _hydra_main()
+
+
 @hydra.main(version_base="1.3", config_path=config_dir(), config_name="config")
-def main(cfg: DictConfig) -> float | None:
+def _hydra_main(cfg: DictConfig) -> float | None:
     try:
-        return _objective(cfg)
+        return _job(cfg)
+    except Exception as error:
+        from_the_job(error)
+        raise
+
+
+def _job(cfg: DictConfig) -> float | None:
+    multirun = HydraConfig.get().mode == RunMode.MULTIRUN
+    if multirun and RELAY.received:  # stopped between jobs: this one does not start
+        _stop_sweep(RELAY.received)
+    try:
+        objective = _objective(cfg)
     except ConfigurationError as error:
         from dpbench.redaction import redact_value
 
         message = redact_value(str(error), cfg.privacy.get("seed"))  # e.g. an invalid seed, quoted
         print(f"dpbench: error: {message}", file=sys.stderr)
-        if HydraConfig.get().mode == RunMode.MULTIRUN:  # one refused job must not end the sweep: record it
-            _record_refusal(message)
-            return None
-        sys.exit(2)
+        if not multirun:
+            sys.exit(2)
+        _record_refusal(message)  # one refused job must not end the sweep: record it
+        objective = None
     except RunInterrupted as interrupted:
         print(f"dpbench: {interrupted}", file=sys.stderr)
+        if multirun:
+            _stop_sweep(interrupted.signum)
         sys.exit(interrupted.exit_code)
     except KeyboardInterrupt:
         print("dpbench: interrupted outside training: no new checkpoint was written", file=sys.stderr)
+        if multirun:
+            _stop_sweep(signal.SIGINT)
         sys.exit(128 + signal.SIGINT)
+    if multirun and RELAY.received:  # the job finished, but no other may start
+        _stop_sweep(RELAY.received)
+    return objective
+
+
+def _stop_sweep(signum: int) -> None:
+    """Leave the sweep now (Hydra's launcher would start the next job): the report of what finished, and how to
+    continue."""
+    from dpbench.report.callback import end_sweep
+
+    RELAY.restore()
+    end_sweep(Path(HydraConfig.get().sweep.dir), signum)

@@ -10,6 +10,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
+from dpbench.cli_errors import did_you_mean
 from dpbench.errors import ConfigurationError
 from dpbench.optim import OptimizerConfig
 
@@ -163,6 +164,11 @@ def validated(schema: type, config: DictConfig | dict, group: str) -> Any:
         config = OmegaConf.to_container(config, resolve=True)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), config)
-    except (ConfigKeyError, ValidationError) as error:
-        raise ConfigurationError(f"invalid `{group}` config: {error}") from None
+    except ConfigKeyError as error:
+        fields = [name for name in OmegaConf.structured(schema).keys()]
+        raise ConfigurationError(f"invalid `{group}` config: {group}.{error.key} is not a key of {schema.__name__}"
+                                 f"{did_you_mean(str(error.key), fields, f'{group}.')}") from None
+    except ValidationError as error:
+        raise ConfigurationError(f"invalid `{group}` config: {group}.{error.full_key}: "
+                                 f"{str(error.msg).strip().splitlines()[0]}") from None
     return OmegaConf.to_object(merged)

@@ -19,11 +19,15 @@ class MissingDataError(ConfigurationError):
 class RunInterrupted(Exception):
     """Training stopped on a signal after writing a checkpoint; `resume=true` continues it."""
 
-    def __init__(self, signum: int, step: int, checkpoint: Path | None):
+    def __init__(self, signum: int, step: int | None, checkpoint: Path | None):
+        """`step` None: stopped outside training (starting up, or at once by a second signal)."""
         self.signum = signum
         self.step = step
         self.checkpoint = checkpoint
         name = signal.Signals(signum).name
+        if step is None:
+            super().__init__(f"stopped by {name} outside a training step: no new checkpoint was written")
+            return
         where = (f"checkpoint {checkpoint} (continue with resume=true and the same hydra.run.dir)" if checkpoint else
                  "no checkpoint (trainer.checkpoint=false): nothing to resume")
         super().__init__(f"stopped by {name} after step {step}; {where}")

@@ -30,6 +30,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from dpbench.cli_errors import one_line_errors
 from dpbench.errors import ConfigurationError
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
@@ -82,6 +83,7 @@ def job_configs(args: argparse.Namespace, hydra: Hydra) -> Iterator[tuple[str, D
 
 def plan_line(cfg: DictConfig) -> str:
     """One job's privacy plan as a line: what `prepare_run` fixes before the first step of a run."""
+    from dpbench.methods import method_label, with_privatizer
     from dpbench.privacy.accountant import PrivacyAccountant
     from dpbench.run import prepare_run
 
@@ -91,7 +93,9 @@ def plan_line(cfg: DictConfig) -> str:
     prepared = prepare_run(task)
     prepared.strategy.attach(prepared.model)
     plan, privacy = prepared.plan, prepared.config.privacy
-    what = f"{prepared.strategy.name} on {prepared.data.name} / {task.model.name}:"
+    method = with_privatizer(method_label(prepared.strategy.name, prepared.config.optimizer.name),
+                             prepared.strategy.name)
+    what = f"{method} on {prepared.data.name} / {task.model.name}:"
     steps = f"steps={prepared.budget_steps}" + (
         f" (stop_on_budget: of {prepared.steps})" if prepared.budget_steps < prepared.steps else "")
     if not plan.private:
@@ -115,6 +119,12 @@ def plan_line(cfg: DictConfig) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    with one_line_errors("dpbench.plan", argv):
+        return _plan(argv)
+
+
+def _plan(argv: list[str]) -> int:
     parser = get_args_parser()
     parser.prog = "python -m dpbench.plan"
     args = parser.parse_args(argv)

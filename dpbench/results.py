@@ -8,6 +8,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from dpbench.methods import with_privatizer
+
 RESULTS_FILE = "results.json"
 REFUSED_FILE = "refused.json"
 """What a refused multirun job leaves in its directory (its overrides and the error), so the sweep goes on."""
@@ -53,7 +55,8 @@ def _underreport(results: dict[str, Any]) -> str:
 def summary_text(results: dict[str, Any]) -> str:
     metric = results.get("test_metric", "accuracy")
     rows = [
-        ("run", f"{results['privatizer']} | {results['model']} | {results['data']} | {results['device']}"),
+        ("run", f"{with_privatizer(results.get('method', results['privatizer']), results['privatizer'])} | "
+                f"{results['model']} | {results['data']} | {results['device']}"),
         (f"test {metric}", _fmt(results.get(f"test_{metric}"), ".4f")),
         ("epsilon (spent)", f"{_fmt(results['epsilon'])} at delta={_fmt(results['delta'])} "
                             f"[{results.get('accountant_method', '-')}]{_underreport(results)}"),

@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import math
 import os
+import re
 import secrets
 import signal
 import time
@@ -25,6 +26,7 @@ from dpbench.config import Config, check_run_settings, validated
 from dpbench.data import load_data
 from dpbench.data.bundle import DataBundle
 from dpbench.errors import ConfigurationError, RunInterrupted
+from dpbench.methods import method_label, off_paper
 from dpbench.models import build_model
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.budget import steps_within_budget
@@ -34,7 +36,7 @@ from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, PrivatizerStrategy, make_strategy
 from dpbench.privatizers.per_sample import PerSampleMismatch
 from dpbench.profiling import ProfilerCallback
-from dpbench.redaction import public_config
+from dpbench.redaction import SECRET, public_config
 from dpbench.results import RESULTS_FILE, summary_text, write_json_atomic
 from dpbench.training.callbacks import EpsilonLogger
 from dpbench.training.checkpoint_io import AtomicCheckpointIO
@@ -42,11 +44,17 @@ from dpbench.training.checkpointing import PeriodicCheckpoint, StopSignals
 from dpbench.training.csv_history import HistoryCSVLogger
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
-from dpbench.training.resume import SavedRun, check_resume, checkpoint_to_resume, read_saved_run
+from dpbench.training.resume import (
+    SavedRun,
+    check_resume,
+    checkpoint_path,
+    checkpoint_to_resume,
+    finished_results,
+    read_saved_run,
+    resume_mode,
+)
 
 log = logging.getLogger(__name__)
-CHECKPOINT_DIR = "checkpoints"
-CHECKPOINT_FILE = "last.ckpt"
 LEDGER_FILE = "privacy_ledger.json"
 
 
@@ -67,8 +75,9 @@ def _steps_within_budget(typed: Config, plan: PrivacyPlan, strategy: PrivatizerS
     return budget
 
 
-def _run_name(cfg: DictConfig, tags: list[str]) -> str:
-    """Unique within an epsilon or batch-size sweep, so W&B runs of one sweep do not collide."""
+def _run_name(cfg: DictConfig, method: str, tags: list[str]) -> str:
+    """The method with its optimizer first; unique within an epsilon, batch-size or learning-rate sweep, so W&B
+    runs of one sweep do not collide."""
     privacy = cfg.privacy
     if tags[0] == "nonprivate":
         budget = "nonprivate"
@@ -76,11 +85,12 @@ def _run_name(cfg: DictConfig, tags: list[str]) -> str:
         budget = f"sigma{privacy.noise_multiplier:g}"
     else:
         budget = f"eps{privacy.epsilon:g}"
-    return f"{tags[0]}-{tags[1]}-{tags[2]}-{budget}-b{cfg.batch_size}-s{cfg.seed}"
+    slug = re.sub(r"[^A-Za-z0-9.]+", "-", method).strip("-")
+    return f"{slug}-{tags[1]}-{tags[2]}-{budget}-b{cfg.batch_size}-lr{cfg.optimizer.lr:g}-s{cfg.seed}"
 
 
 def _loggers(
-    cfg: DictConfig, run_dir: Path, tags: list[str], saved: SavedRun | None, wandb_id: str | None,
+    cfg: DictConfig, run_dir: Path, method: str, tags: list[str], saved: SavedRun | None, wandb_id: str | None,
 ) -> list[Logger]:
     loggers: list[Logger] = []
     if cfg.logger.csv:
@@ -91,10 +101,10 @@ def _loggers(
                 project=cfg.logger.project,
                 entity=cfg.logger.entity,
                 group=cfg.logger.group or cfg.experiment_name,
-                tags=tags + list(cfg.logger.tags),
+                tags=[method, *tags, f"optimizer={cfg.optimizer.name}", *cfg.logger.tags],
                 save_dir=str(run_dir),
                 mode=os.environ.get("WANDB_MODE", "offline"),
-                name=_run_name(cfg, tags),
+                name=_run_name(cfg, method, tags),
                 config=public_config(cfg),
                 id=wandb_id,
                 resume="allow",
@@ -193,12 +203,19 @@ def _with_saved_noise(cfg: DictConfig, saved: SavedRun) -> DictConfig:
     return extended
 
 
+
+def _device_name(device: torch.device) -> str:
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
+
 def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     """Train, test and write results.json in run_dir; returns the results."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
-    checkpoint_path = run_dir / CHECKPOINT_DIR / CHECKPOINT_FILE
-    resume_from = checkpoint_to_resume(cfg.resume, checkpoint_path)
+    checkpoint = checkpoint_path(run_dir)
+    finished = finished_results(run_dir) if resume_mode(cfg.resume) != "false" else None
+    if finished is not None and not checkpoint.exists():  # trainer.checkpoint=false: it cannot have grown
+        return _unchanged(finished, run_dir)
+    resume_from = checkpoint_to_resume(cfg.resume, checkpoint)
     saved = read_saved_run(resume_from) if resume_from else None
     extend = bool(cfg.get("extend_run")) and saved is not None
     prepared = prepare_run(_with_saved_noise(cfg, saved) if extend and saved.plan["private"] else cfg)
@@ -208,6 +225,10 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     steps, budget_steps, sampling_rate = prepared.steps, prepared.budget_steps, plan.sampling_rate
     if saved is not None:
         check_resume(saved, plan.to_dict(), public_config(cfg), extend)
+        if finished is not None and saved.step is not None and saved.step >= budget_steps:
+            if saved.randomness is not None:  # a different privacy.seed or secure_rng is refused, as on any resume
+                randomness.load_state_dict(saved.randomness)
+            return _unchanged(finished, run_dir)
 
     ledger = PrivacyLedger(typed.privacy.delta, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error),
                            declared_composition(strategy, plan))
@@ -217,6 +238,11 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     )
 
     tags = [strategy.name, cfg.model.name, data.name]
+    method = method_label(strategy.name, typed.optimizer.name)
+    paper = off_paper(strategy.name, typed.optimizer.name)
+    if paper:
+        log.warning("privatizer=%s with optimizer=%s: its paper's method uses optimizer=%s; this run is labelled %s",
+                    strategy.name, typed.optimizer.name, paper, method)
     profiler = ProfilerCallback(typed.profiler.warmup_steps)
     callbacks: list[L.Callback] = [profiler]
     if plan.private:
@@ -227,12 +253,12 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if typed.trainer.checkpoint:
         frozen_plan = {**plan.to_dict(), "calibrated": saved.plan["calibrated"]} if extend else plan.to_dict()
         checkpointing = PeriodicCheckpoint(
-            checkpoint_path, typed.trainer.checkpoint_every_n_steps, typed.trainer.checkpoint_every_minutes, signals,
+            checkpoint, typed.trainer.checkpoint_every_n_steps, typed.trainer.checkpoint_every_minutes, signals,
             {"plan": frozen_plan, "config": public_config(cfg), "wandb_id": wandb_id},
         )
         callbacks.append(checkpointing)
-    trainer = _trainer(typed, callbacks, _loggers(cfg, run_dir, tags, saved, wandb_id), budget_steps, run_dir)
-    saved_to = checkpoint_path if checkpointing else None
+    trainer = _trainer(typed, callbacks, _loggers(cfg, run_dir, method, tags, saved, wandb_id), budget_steps, run_dir)
+    saved_to = checkpoint if checkpointing else None
     started = time.perf_counter()
     with warnings.catch_warnings(), signals:
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
@@ -265,7 +291,9 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     metric = module.task.metric_name
     memory = profiler.memory
     results: dict[str, Any] = {
+        "method": method,
         "privatizer": strategy.name,
+        "optimizer": typed.optimizer.name,
         "model": cfg.model.name,
         "data": data.name,
         "private": plan.private,
@@ -299,10 +327,10 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "max_memory_reserved_mb": memory.max_memory_reserved_mb if memory else None,
         "memory_method": memory.method if memory else None,
         "train_time_s": wall,
-        "device": str(module.device) if module.device.type != "cuda" else torch.cuda.get_device_name(module.device),
+        "device": _device_name(trainer.strategy.root_device),  # the module is back on the CPU once fit returns
         "seed": typed.seed,
         "run_dir": str(run_dir),
-        "config": public_config(cfg),
+        "config": _published_config(cfg, randomness),
     }
     if plan.private:
         results.update(strategy.privacy_report(ledger.steps, typed.privacy.delta))
@@ -334,6 +362,21 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     write_json_atomic(run_dir / RESULTS_FILE, results)
     _finish_wandb(loggers, results)
     print(summary_text(results), flush=True)
+    return results
+
+
+def _published_config(cfg: DictConfig, randomness: PrivacyRandomness) -> dict[str, Any]:
+    """A resume that left privacy.seed out continued the checkpoint's root, explicit if the run's was."""
+    config = public_config(cfg)
+    if randomness.explicit:
+        config["privacy"]["seed"] = SECRET
+    return config
+
+
+def _unchanged(results: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+    """Resuming a run that already ran to its end: nothing to train, and its results stay as they are."""
+    print(f"dpbench: the run in {run_dir} is finished ({results.get('steps')} steps): nothing to resume, "
+          f"results.json unchanged (a longer epochs= or max_steps= with extend_run=true continues it)", flush=True)
     return results
 
 

@@ -86,7 +86,7 @@ def test_lightnings_own_restore_refuses_it_too(tmp_path, monkeypatch):
 
     monkeypatch.setattr(run_module, "read_saved_run", read_then_swap)
     monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
-    cfg.resume = True
+    cfg.resume, cfg.extend_run, cfg.max_steps = True, True, 4  # a finished run is only reopened to be extended
     with pytest.raises(Exception) as raised:  # noqa: B017 - the marker is checked first, then what was raised
         run_module.run_experiment(cfg, tmp_path)
     assert not marker.exists()

@@ -55,14 +55,14 @@ def test_two_job_multirun_writes_one_result_per_job(tmp_path):
     assert "dpbench sweep summary (2 runs)" in run.stdout
     with (tmp_path / "report.csv").open() as handle:
         rows = {row["label"]: row for row in csv.DictReader(handle)}
-    assert set(rows) == {"nonprivate", "vanilla"}
+    assert set(rows) == {"non-private SGD", "DP-SGD"}  # the method with its optimizer
     for job in (nonprivate, vanilla):
-        row = rows[job["privatizer"]]
+        row = rows[job["method"]]
         assert float(row["test_value"]) == pytest.approx(job["test_accuracy"])
         assert float(row["samples_per_s"]) == pytest.approx(job["samples_per_s"])
         assert float(row["peak_memory_mb"]) == pytest.approx(job["peak_memory_mb"])
-    assert float(rows["vanilla"]["epsilon"]) == pytest.approx(vanilla["epsilon"])
-    assert rows["nonprivate"]["epsilon"] == ""
+    assert float(rows["DP-SGD"]["epsilon"]) == pytest.approx(vanilla["epsilon"])
+    assert rows["non-private SGD"]["epsilon"] == ""
     assert {"metric_vs_epsilon.png", "samples_per_s.png"} <= {p.name for p in tmp_path.iterdir()}
 
 

@@ -43,8 +43,9 @@ VALID_KNOBS = {
     "gamma": st.floats(1e-3, 1.0),
 }
 # What a valid configuration may still be refused for, by design: a target no noise reaches, a fixed noise
-# multiplier whose planned epsilon is past privacy.max_epsilon, an optimizer the strategy does not drive.
-VALID_REFUSALS = ("unreachable", "privacy.max_epsilon", "optimizer=")
+# multiplier whose planned epsilon is past privacy.max_epsilon or infinite (JL with r=1 at a small delta), an
+# optimizer the strategy does not drive.
+VALID_REFUSALS = ("unreachable", "privacy.max_epsilon", "optimizer=", "privacy.allow_infinite_epsilon")
 IMAGE_STRATEGIES = sorted(name for name in STRATEGIES if name != "sparse")
 
 

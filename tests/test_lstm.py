@@ -50,14 +50,16 @@ MODELS = {
 
 
 @pytest.mark.parametrize("case", sorted(MODELS))
-def test_lstm_per_sample_gradients_and_clipped_sum_match_loop(case):
+@pytest.mark.parametrize("engine_name", ["auto", "materialized"])
+def test_lstm_per_sample_gradients_and_clipped_sum_match_loop(case, engine_name):
     torch.manual_seed(0)
     model = MODELS[case]()
     generator = torch.Generator().manual_seed(1)
     ids, targets = torch.randint(0, 9, (5, 6), generator=generator), torch.randint(0, 2, (5,), generator=generator)
     ids[0, :3] = PAD  # padding, as the data pads
-    engine = make_engine(model)
-    assert isinstance(engine.engine, HookEngine)  # the exact fast route, not vmap
+    engine = make_engine(model, engine_name)
+    if engine_name == "auto":
+        assert isinstance(engine.engine, HookEngine)  # the exact fast route, not vmap
     reference = loop_gradients(model, ids, targets)
     per_sample = engine.per_sample_gradients(TASK, (ids, targets))
     for i, expected in enumerate(reference):

@@ -53,7 +53,7 @@ def test_search_goes_below_the_start_when_the_start_fails_in_its_steps(fake_tria
     cap = fake_trials(capacity)
     result = find_max_batch(["privatizer=vanilla"], cap_mb=cap, start=8, resolution=0.0)
     assert result.max_batch_size == capacity
-    assert ("not even a batch of 1 fits" in result.note) == (capacity == 0)
+    assert ("out of memory at batch 1" in result.note) == (capacity == 0)
 
 
 def test_a_cap_below_the_setup_footprint_is_refused_with_the_footprint(fake_trials):

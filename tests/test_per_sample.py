@@ -6,7 +6,8 @@ import torch.nn.functional as F
 
 from dpbench.errors import UnsupportedModelError
 from dpbench.models.cnn import LargeCNN
-from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, make_engine
+from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, MaterializedEngine, make_engine
+from dpbench.privatizers.per_sample.sites import DenseSite
 from dpbench.tasks import ClassificationTask
 from tests.models import CASES
 
@@ -38,7 +39,7 @@ def test_per_sample_gradients_match_loop(engine_class, case):
             torch.testing.assert_close(per_sample[name][i], grad, atol=1e-5, rtol=1e-4)
 
 
-@pytest.mark.parametrize("engine_class", [HookEngine, FunctorchEngine])
+@pytest.mark.parametrize("engine_class", [HookEngine, FunctorchEngine, MaterializedEngine])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_clipped_sum_matches_loop(engine_class, case):
     torch.manual_seed(1)
@@ -53,6 +54,21 @@ def test_clipped_sum_matches_loop(engine_class, case):
     for name, _ in model.named_parameters():
         expected = sum(min(1.0, clip / (float(n) + 1e-6)) * r[name] for n, r in zip(norms, reference, strict=True))
         torch.testing.assert_close(result.grads[name], expected, atol=1e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("case", sorted(CASES))
+def test_the_materialized_engine_builds_every_per_sample_gradient(case):
+    """The papers' baseline holds (B, *shape) gradients for every parameter, embedding rows over the whole vocabulary
+    included, where the hook engine keeps ghost norms and sparse rows."""
+    build, make_batch = CASES[case]
+    model = build()
+    batch = make_batch()
+    sites = MaterializedEngine(model).clipped_sites(TASK, batch, 1.0)[0]
+    params = dict(model.named_parameters())
+    for name, group in sites.items():
+        assert all(isinstance(site, DenseSite) for site in group), name
+        assert all(site.per_sample.shape[1:] == params[name].shape for site in group), name
+    assert make_engine(model, "materialized").materialize
 
 
 def test_ghost_and_dense_sites_agree_on_long_sequences():

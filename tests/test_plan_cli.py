@@ -50,7 +50,7 @@ def test_plan_of_a_grid_one_line_per_job_with_plugins_and_refusals(tmp_path):
     assert all("not private" in line for line in lines[:2])
     sigmas = []
     for line, target in zip(lines[2:4], (1, 3), strict=True):
-        assert f"privacy.epsilon={target}" in line and "per_layer on mnist5k / mlp" in line
+        assert f"privacy.epsilon={target}" in line and "per_layer (SGD) on mnist5k / mlp" in line
         found = LINE.search(line)
         assert float(found["epsilon"]) <= target and int(found["steps"]) == 5
         sigmas.append(float(found["sigma"]))

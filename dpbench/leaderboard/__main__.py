@@ -15,6 +15,7 @@ import yaml
 from dpbench.errors import ConfigurationError
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, LAUNCHER_NAMES, make_launcher
 from dpbench.leaderboard.report import build, record_invocation
+from dpbench.leaderboard.scale import rewrite as rewrite_scale_section
 from dpbench.leaderboard.schedule import Scheduler
 from dpbench.leaderboard.suite import load_suite
 
@@ -39,6 +40,9 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="where the cells live (default: outputs/leaderboard/<profile>)")
     parser.add_argument("--docs", type=Path, default=Path("docs"), help="where leaderboard.md and its figures go")
     parser.add_argument("--report-only", action="store_true", help="regenerate the report from the cells, run none")
+    parser.add_argument("--scale-only", action="store_true",
+                        help="rewrite only the report's 'Claims at scale' section, from the frontier records under "
+                             "DOCS/leaderboard/frontier/ (the cells' tables are kept as they are)")
     parser.add_argument("--launcher", choices=LAUNCHER_NAMES, default=DEFAULT_LAUNCHER,
                         help="fork: each cell a forked child of a warm interpreter (default where available); "
                              "subprocess: a new `python -m dpbench` per cell; submitit: each cell a submitit job "
@@ -69,6 +73,9 @@ def _parameter(text: str) -> tuple[str, object]:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
+    if args.scale_only:
+        print(f"wrote {rewrite_scale_section(args.docs)}")
+        return 0
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     profile = args.profile or ("quick" if args.quick else "full")
     try:

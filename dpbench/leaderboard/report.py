@@ -14,6 +14,7 @@ import torch
 from dpbench.leaderboard.cells import Outcome, read_outcomes
 from dpbench.leaderboard.claims import check_claims, fmt_value, winners
 from dpbench.leaderboard.plots import cost_plot, epsilon_plot, headline_plot
+from dpbench.leaderboard.scale import scale_section
 from dpbench.leaderboard.suite import Suite, Task
 from dpbench.leaderboard.summary import Entry, Tuning, seconds_per_step, summarize
 
@@ -245,6 +246,7 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
                   "say nothing about the papers.", ""]
     lines += [f"- {sentence}" for sentence in claims] or ["- No claim can be checked from these cells."]
     lines.append("")
+    lines += scale_section(figures / "frontier")
     path = docs / "leaderboard.md"
     path.write_text("\n".join(lines))
     return path

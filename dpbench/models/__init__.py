@@ -26,7 +26,7 @@ def _image_shape(data: DataBundle, model_name: str) -> tuple[int, int]:
 
 def build_cnn(config: CNNConfig, data: DataBundle) -> nn.Module:
     channels, size = _image_shape(data, "cnn")
-    return TFPrivacyCNN(channels, data.num_classes, size, config.activation)
+    return TFPrivacyCNN(channels, data.num_classes, size, config.activation, config.padding)
 
 
 def build_cnn_large(config: LargeCNNConfig, data: DataBundle) -> nn.Module:

@@ -24,7 +24,11 @@ from dpbench.privacy.subsampling import log_subsampled_moment, loss_threshold
 
 ATOM_MASS = 1e-30
 """Binomial atoms lighter than this (under both P and Q) are dropped: their mass is far below any delta error."""
-CHUNK = 1 << 14
+SCRATCH_BYTES = 1 << 20
+"""Size of each of the cdf's two (points x atoms) float64 scratch blocks (at least one point's row). Blocks of a fixed
+number of points grew with the atoms: 330 MB per evaluation at word2vec's 40,000 draws (2,327 atoms), resident in
+the run's epoch-end accounting. Blocks of a fixed size bound it at any number of atoms, and at this size they stay
+in cache: twice as fast as the 300 MB blocks."""
 
 
 class SubsampledSelectionGaussianPRV(PrivacyRandomVariable):
@@ -47,12 +51,18 @@ class SubsampledSelectionGaussianPRV(PrivacyRandomVariable):
         if self.mu is None:
             index = np.searchsorted(self._sorted_atoms, z, side="right")
             return np.where(index > 0, self._cumulative[np.maximum(index - 1, 0)], 0.0)
-        out = np.empty_like(z)
+        out = np.zeros_like(z)
         half = self.mu**2 / 2
-        for start in range(0, z.size, CHUNK):
-            part = z[start : start + CHUNK, None] - self.atoms[None, :]
-            out[start : start + CHUNK] = (special.ndtr((part - half) / self.mu) @ self.p_weights
-                                          + special.ndtr((part + half) / self.mu) @ self.q_weights)
+        rows = max(1, min(z.size, SCRATCH_BYTES // (self.atoms.itemsize * self.atoms.size)))
+        shifted_rows, block_rows = np.empty((2, rows, self.atoms.size))  # the two blocks, reused chunk after chunk
+        for start in range(0, z.size, rows):
+            chunk = z[start : start + rows]
+            shifted, block = shifted_rows[: chunk.size], block_rows[: chunk.size]
+            np.subtract(chunk[:, None], self.atoms[None, :], out=shifted)
+            for offset, weights in ((-half, self.p_weights), (half, self.q_weights)):
+                np.add(shifted, offset, out=block)
+                block /= self.mu
+                out[start : start + rows] += special.ndtr(block, out=block) @ weights
         return out
 
     def cdf(self, t):

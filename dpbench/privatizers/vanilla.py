@@ -16,7 +16,7 @@ from dpbench.tasks import Batch, Task, batch_size_of
 class VanillaConfig:
     name: str = "vanilla"
     engine: str = "auto"
-    """auto | hooks | functorch: see dpbench.privatizers.per_sample.make_engine."""
+    """auto | hooks | functorch | materialized: see dpbench.privatizers.per_sample.make_engine."""
     chunk_size: int | None = None
     """functorch engine only: samples per vmap chunk, to bound memory."""
 

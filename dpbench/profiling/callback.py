@@ -1,8 +1,15 @@
-"""Samples/s over the steps after warm-up, counting the samples actually processed, and the phase's peak memory."""
+"""Samples/s over the steps after warm-up, counting the samples actually processed, and the phase's peak memory.
+
+The window is the training steps: bookkeeping a run does between them (the epoch end's accounting, whose scratch
+once made sparse's reported memory the accountant's rather than its own) runs inside `unmeasured`, which leaves it
+out of the peak memory; the throughput counts only the steps' own time anyway.
+"""
 
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import lightning as L
@@ -11,10 +18,53 @@ import torch
 from dpbench.profiling.memory import PeakMemory
 
 
+class WindowPeakMemory(PeakMemory):
+    """PeakMemory with pauses: what runs between pause() and resume() is left out. Each measured stretch is a
+    PeakMemory phase; the figure is the highest level any stretch reached (CPU: resident size, CUDA: reserved
+    memory) above the window's baseline at start(). On CPU without a resettable high-water mark (ru_maxrss, the
+    process's lifetime peak) a pause leaves nothing out."""
+
+    def __init__(self, device: torch.device):
+        super().__init__(device)
+        self.paused = False
+        self._window_baseline_mb = 0.0
+        self._highest_mb = 0.0
+
+    def start(self) -> None:
+        super().start()
+        self._window_baseline_mb = self.baseline_mb
+        self._highest_mb, self.paused = 0.0, False
+
+    def pause(self) -> None:
+        if not self.paused:
+            self._end_stretch()
+            self.paused = True
+
+    def resume(self) -> None:
+        if self.paused:
+            super().start()  # resets the high-water mark (CUDA: the peak statistics)
+            self.paused = False
+
+    def stop(self) -> None:
+        if not self.paused:
+            self._end_stretch()
+        self.baseline_mb = self._window_baseline_mb
+        if self.device.type == "cuda":
+            self.peak_mb = self.max_memory_reserved_mb = self._highest_mb
+        else:
+            self.peak_mb = max(0.0, self._highest_mb - self._window_baseline_mb)
+
+    def _end_stretch(self) -> None:
+        super().stop()
+        peak = self.peak_mb or 0.0
+        level = peak if self.device.type == "cuda" else self.baseline_mb + peak
+        self._highest_mb = max(self._highest_mb, level)
+
+
 class ProfilerCallback(L.Callback):
     def __init__(self, warmup_steps: int = 5):
         self.warmup_steps = warmup_steps
-        self.memory: PeakMemory | None = None
+        self.memory: WindowPeakMemory | None = None
         self.measured_time = 0.0
         self.measured_samples = 0
         self.measured_steps = 0
@@ -27,7 +77,7 @@ class ProfilerCallback(L.Callback):
             torch.cuda.synchronize(pl_module.device)
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        self.memory = PeakMemory(pl_module.device)
+        self.memory = WindowPeakMemory(pl_module.device)
         self.memory.start()
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):
@@ -62,3 +112,18 @@ class ProfilerCallback(L.Callback):
         if self.memory is not None and self.memory.peak_mb is not None:
             summary["profile/peak_memory_mb"] = self.memory.peak_mb
         return summary
+
+
+@contextmanager
+def unmeasured(trainer: L.Trainer) -> Iterator[None]:
+    """Run the enclosed work outside every ProfilerCallback's memory window (it is outside the step times already):
+    what a run computes about its steps, such as their epsilon, is not the method's cost."""
+    windows = [callback.memory for callback in trainer.callbacks
+               if isinstance(callback, ProfilerCallback) and callback.memory is not None]
+    for memory in windows:
+        memory.pause()
+    try:
+        yield
+    finally:
+        for memory in windows:
+            memory.resume()

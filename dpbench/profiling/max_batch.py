@@ -2,15 +2,22 @@
 
 Every trial runs a few optimizer steps in a fresh `spawn` process, so peaks never carry over between trials.
 CPU: the parent polls the child's resident memory and kills it above the cap (a cap on resident memory, enforced
-per trial process). CUDA: the child caps the caching allocator with set_per_process_memory_fraction, so an
-allocation past the cap raises out-of-memory. A cap that the process passes before its first step (Python, torch,
-data and model) is refused with the footprint it would need, rather than answered with "max batch 0".
+per trial process), and the child's data segment is limited (RLIMIT_DATA) a little above the cap, so that a trial
+that outruns the poll fails its allocation instead of taking the machine down. CUDA: the child caps the caching
+allocator with set_per_process_memory_fraction, so an allocation past the cap raises out-of-memory, and builds the
+model on the device. A cap that the process passes before its first step (Python, torch, data and model) is refused
+with the footprint it would need, rather than answered with "max batch 0".
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import multiprocessing
+import resource
+import signal
+import statistics
+import time
 import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -20,7 +27,11 @@ import torch
 
 from dpbench.errors import ConfigurationError
 
+log = logging.getLogger(__name__)
+
 RSS_POLL_S = 0.01
+DATA_LIMIT_HEADROOM = 1.1, 512.0
+"""CPU trials: RLIMIT_DATA = cap * 1.1 + 512 MB (the data segment holds reserved, not yet resident, memory too)."""
 # What each memory figure in max_batch.json is; all in MB (2**20 bytes).
 MEMORY_FIELDS = {
     "cap_mb": "the cap; cap_applies_to says what it limits",
@@ -32,6 +43,10 @@ MEMORY_FIELDS = {
     "steps_peak_mb": "the training steps' own peak, measured inside the trial by steps_peak_method (CPU: VmHWM above "
                      "the VmRSS at the first step; CUDA: the allocator's max_memory_reserved, what a CUDA cap "
                      "limits); null when the steps did not finish",
+    "process_peak_mb": "the trial process's whole peak, read by the child at the end of its steps (CPU: VmHWM, "
+                       "Python and torch included; CUDA: max_memory_reserved): what the frontier plots",
+    "interpreter_rss_mb": "VmRSS of the trial process after importing Python, torch and dpbench, before data or model: "
+                          "the part of a CPU peak no method can save",
 }
 
 
@@ -48,6 +63,15 @@ class Trial:
     steps_peak_method: str = ""
     stage: str = ""
     reason: str = ""
+    process_peak_mb: float | None = None
+    interpreter_rss_mb: float | None = None
+    parameters: int | None = None
+    """The model's parameter count (null when the trial stopped before it was built)."""
+    setup_s: float | None = None
+    """Seconds from the trial's start until its first step (interpreter, data, model): what a search pays per trial."""
+    samples_per_s: float | None = None
+    """Batch size over the median time of the steps after the first (a warm-up): the steady step, which the rare
+    steps that re-check per-sample gradients (at most 2% of a run's time) do not move; null with fewer than two."""
 
 
 @dataclass
@@ -87,6 +111,18 @@ def trial_device(overrides: list[str]) -> str:
     return "cuda" if torch.cuda.is_available() and accelerator != "cpu" else "cpu"
 
 
+def _limit_data_segment(cap_mb: float) -> None:
+    if math.isfinite(cap_mb):
+        scale, extra_mb = DATA_LIMIT_HEADROOM
+        limit = int((cap_mb * scale + extra_mb) * 2**20)
+        resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def _out_of_memory(error: Exception) -> bool:
+    """torch.OutOfMemoryError on CUDA; on CPU a failed allocation (RLIMIT_DATA) is a RuntimeError or MemoryError."""
+    return isinstance(error, torch.OutOfMemoryError | MemoryError) or "can't allocate memory" in str(error)
+
+
 def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: float, device_name: str, queue) -> None:
     """Child process: build the run's model and strategy, then train `steps` steps on a batch of exactly B."""
     try:
@@ -95,18 +131,23 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
         from dpbench.models import build_model
         from dpbench.privatizers import PrivacySettings, make_strategy
         from dpbench.privatizers.base import StepContext
-        from dpbench.profiling.memory import PeakMemory, resident_mb
+        from dpbench.profiling.memory import PeakMemory, high_water_mark_mb, resident_mb
 
+        queue.put(("interpreter", resident_mb()))
         cfg = _compose(overrides)
         typed: Config = validated(Config, cfg, "top-level")
         device = torch.device(device_name)
         if device.type == "cuda":
             total = torch.cuda.get_device_properties(device).total_memory / 2**20
-            torch.cuda.set_per_process_memory_fraction(min(1.0, cap_mb / total), device)
+            index = device.index if device.index is not None else torch.cuda.current_device()
+            torch.cuda.set_per_process_memory_fraction(min(1.0, cap_mb / total), index)
+        else:
+            _limit_data_segment(cap_mb)
         data = load_data(cfg.data)
-        model = build_model(cfg.model, data).to(device)
+        with device:  # a billion-parameter model is initialized where it trains, not on the host first
+            model = build_model(cfg.model, data)
         sigma = typed.privacy.noise_multiplier or 1.0
-        settings = PrivacySettings(typed.privacy.clip_norm, batch_size / len(data.train), sigma)
+        settings = PrivacySettings(typed.privacy.clip_norm, min(1.0, batch_size / len(data.train)), sigma)
         strategy = make_strategy(cfg.privatizer, settings)
         strategy.attach(model)
         optimizer = strategy.configure_optimizer(model, typed.optimizer)
@@ -114,21 +155,34 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
         inputs, targets = data.train.__getitems__(index.tolist())
         batch = (inputs.to(device) if torch.is_tensor(inputs) else {k: v.to(device) for k, v in inputs.items()},
                  targets.to(device))
-        queue.put(("ready", resident_mb()))
+        queue.put(("ready", resident_mb(), sum(p.numel() for p in model.parameters())))
         memory = PeakMemory(device)
         memory.start()
+        step_seconds = []
         for step in range(steps):
+            started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             strategy.privatize(model, data.task, batch, StepContext(step, float(batch_size)))
             strategy.apply_update(optimizer)
+            _synchronize(device)
+            step_seconds.append(time.perf_counter() - started)
+        rate = batch_size / statistics.median(step_seconds[1:]) if steps > 1 else None
         memory.stop()
-        queue.put(("ok", memory.peak_mb, memory.method))
-    except torch.OutOfMemoryError as error:
-        queue.put(("oom", str(error).splitlines()[0]))
-    except MemoryError as error:
-        queue.put(("oom", repr(error)))
-    except Exception:
-        queue.put(("error", traceback.format_exc()))
+        process_peak = memory.max_memory_reserved_mb if device.type == "cuda" else high_water_mark_mb()
+        queue.put(("ok", {"steps_peak_mb": memory.peak_mb, "steps_peak_method": memory.method,
+                          "process_peak_mb": process_peak, "samples_per_s": rate}))
+    except ConfigurationError as error:  # a setting the method refuses: the parent says so, in one line
+        queue.put(("refused", str(error)))
+    except Exception as error:
+        if _out_of_memory(error):
+            queue.put(("oom", str(error).splitlines()[0] if str(error) else repr(error)))
+        else:
+            queue.put(("error", traceback.format_exc()))
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def _resident_mb(pid: int) -> float:
@@ -146,18 +200,27 @@ def run_trial(overrides: list[str], batch_size: int, cap_mb: float, steps: int =
     context = multiprocessing.get_context("spawn")
     queue = context.Queue()
     process = context.Process(target=_train_steps, args=(overrides, batch_size, steps, cap_mb, device, queue))
+    started = time.perf_counter()
     process.start()
-    peak_rss, setup_rss, outcome = 0.0, None, None
+    peak_rss, setup_rss, interpreter_rss, setup_s, parameters, outcome = 0.0, None, None, None, None, None
     while outcome is None:
         try:
             message = queue.get(timeout=RSS_POLL_S) if process.is_alive() else queue.get(timeout=5)
         except Empty:
             if not process.is_alive():
                 process.join()
+                if process.exitcode == -signal.SIGKILL:  # the kernel's OOM killer: the host ran out before the cap
+                    stage = "setup" if setup_rss is None else "steps"
+                    return Trial(batch_size, False, peak_rss, setup_rss, stage=stage,
+                                 reason=f"killed by the system at {peak_rss:.0f} MB resident (the host ran out of "
+                                        f"memory before the {cap_mb:g} MB cap)", interpreter_rss_mb=interpreter_rss,
+                                 parameters=parameters)
                 raise RuntimeError(f"trial at batch size {batch_size} died (exit code {process.exitcode})") from None
             message = None
-        if message is not None and message[0] == "ready":
-            setup_rss = message[1]
+        if message is not None and message[0] == "interpreter":
+            interpreter_rss = message[1]
+        elif message is not None and message[0] == "ready":
+            setup_rss, parameters, setup_s = message[1], message[2], time.perf_counter() - started
         elif message is not None:
             outcome = message
         peak_rss = max(peak_rss, _resident_mb(process.pid))
@@ -165,13 +228,17 @@ def run_trial(overrides: list[str], batch_size: int, cap_mb: float, steps: int =
             process.kill()
             process.join()
             return Trial(batch_size, False, peak_rss, setup_rss, stage="setup" if setup_rss is None else "steps",
-                         reason=f"resident memory passed the {cap_mb:g} MB cap")
+                         reason=f"resident memory passed the {cap_mb:g} MB cap", interpreter_rss_mb=interpreter_rss)
     process.join()
     stage = "setup" if setup_rss is None else "steps"
     if outcome[0] == "ok":
-        return Trial(batch_size, True, peak_rss, setup_rss, outcome[1], outcome[2])
+        return Trial(batch_size, True, peak_rss, setup_rss, interpreter_rss_mb=interpreter_rss, setup_s=setup_s,
+                     parameters=parameters, **outcome[1])
     if outcome[0] == "oom":
-        return Trial(batch_size, False, peak_rss, setup_rss, stage=stage, reason=outcome[1])
+        return Trial(batch_size, False, peak_rss, setup_rss, stage=stage, reason=outcome[1],
+                     interpreter_rss_mb=interpreter_rss, parameters=parameters)
+    if outcome[0] == "refused":
+        raise ConfigurationError(outcome[1])
     raise RuntimeError(f"trial at batch size {batch_size} failed:\n{outcome[1]}")
 
 
@@ -193,18 +260,27 @@ def footprint_error(overrides: list[str], batch_size: int, cap_mb: float, failed
 
 def find_max_batch(
     overrides: list[str], cap_mb: float, start: int = 8, limit: int = 1 << 16, resolution: float = 0.05,
+    steps: int = 2, model_may_not_fit: bool = False,
 ) -> MaxBatchResult:
     """Double from `start` until a trial fails, then bisect to within `resolution` (relative); below `start` when
-    even it fails. Raises ConfigurationError when the cap is below what the process needs before any step."""
+    even it fails. Raises ConfigurationError when the cap is below what the process needs before any step, unless
+    `model_may_not_fit` (the frontier) and the cap is above the interpreter's own footprint: then a model that does
+    not fit before its first step is out of memory at batch 1, which the result says."""
     device = trial_device(overrides)
     result = MaxBatchResult(list(overrides), cap_mb, device, 0, cap_applies_to(device))
+    available = available_mb()
+    if device == "cpu" and available is not None and cap_mb > available:
+        log.warning("the %g MB cap is above the %.0f MB this machine has available: a trial may be killed by the "
+                    "system before it reaches the cap (recorded as such)", cap_mb, available)
 
     def fits(batch_size: int) -> bool:
-        trial = run_trial(overrides, batch_size, cap_mb, device=device)
+        trial = run_trial(overrides, batch_size, cap_mb, steps=steps, device=device)
         result.trials.append(trial)
-        steps = f", steps {trial.steps_peak_mb:.0f} MB" if trial.steps_peak_mb is not None else ""
-        print(f"  batch {batch_size:>6}: {'fits' if trial.fits else 'fails'} (process peak "
-              f"{trial.process_peak_rss_mb or 0:.0f} MB resident{steps}) {trial.reason}", flush=True)
+        measured = f", peak {trial.process_peak_mb:.0f} MB" if trial.process_peak_mb is not None else ""
+        rate = f", {trial.samples_per_s:.1f} samples/s" if trial.samples_per_s is not None else ""
+        setup = f", setup {trial.setup_s:.0f} s" if trial.setup_s is not None else ""
+        print(f"  batch {batch_size:>6}: {'fits' if trial.fits else 'fails'} (polled resident "
+              f"{trial.process_peak_rss_mb or 0:.0f} MB{measured}{rate}{setup}) {trial.reason}", flush=True)
         return trial.fits
 
     if fits(start):
@@ -215,8 +291,11 @@ def find_max_batch(
                 low = candidate
             else:
                 high = candidate
-    elif result.trials[-1].stage == "setup":
+    elif result.trials[-1].stage == "setup" and not (model_may_not_fit and _above_interpreter(result.trials[-1],
+                                                                                              cap_mb, device)):
         raise footprint_error(overrides, start, cap_mb, result.trials[-1], device)
+    elif result.trials[-1].stage == "setup":  # the model itself does not fit: batch 1 settles it
+        low, high = (1, start) if start > 1 and fits(1) else (0, None)
     else:
         low, high = 0, start
     while high is not None and high - low > max(1, int(low * resolution)):
@@ -227,5 +306,21 @@ def find_max_batch(
             high = middle
     result.max_batch_size = low
     if low == 0:
-        result.note = f"not even a batch of 1 fits under {cap_mb:g} MB ({result.trials[-1].reason})"
+        result.note = f"out of memory at batch 1 under {cap_mb:g} MB ({result.trials[-1].reason})"
     return result
+
+
+def available_mb() -> float | None:
+    """MemAvailable: what a trial can take before the host itself runs out (None where /proc is missing)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def _above_interpreter(trial: Trial, cap_mb: float, device: str) -> bool:
+    """A CUDA cap never holds the interpreter; a CPU cap must clear what Python, torch and dpbench need alone."""
+    return device == "cuda" or (trial.interpreter_rss_mb is not None and trial.interpreter_rss_mb < cap_mb)

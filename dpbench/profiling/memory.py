@@ -31,6 +31,12 @@ def resident_mb() -> float:
     return (kib or 0) / 1024.0
 
 
+def high_water_mark_mb() -> float:
+    """The process's peak resident size so far (VmHWM; ru_maxrss where /proc is missing)."""
+    kib = _status_kib("VmHWM")
+    return (kib if kib is not None else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss) / 1024.0
+
+
 def _reset_high_water_mark() -> bool:
     try:
         CLEAR_REFS.write_text("5")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from dpbench.report.build import build_report
@@ -15,7 +16,11 @@ def main() -> None:
                         help="where to write (default: the directory itself when one is given; for several, a new "
                              "outputs/reports/<time>, so that no sweep's own report is overwritten)")
     args = parser.parse_args()
-    report = build_report(args.directories, args.out)
+    try:
+        report = build_report(args.directories, args.out)
+    except FileNotFoundError as error:  # a missing directory, or one without any results.json
+        print(f"dpbench.report: error: {error}", file=sys.stderr)
+        sys.exit(2)
     print(report["markdown"].read_text())
     print(f"{len(report['rows'])} runs; wrote {report['markdown']}, {report['csv']} (in {report['out']})")
     for plot in report["plots"]:

@@ -17,7 +17,7 @@ from dpbench.report.plots import report_figures, save_figure
 COLUMNS = ("label", "model", "data", "batch_size", "target_epsilon", "epsilon", "test_metric", "test_value",
            "samples_per_s", "peak_memory_mb", "runs")
 # Swept keys already shown by the fixed columns (or by the label).
-SHOWN = {"model.name", "data.name", "privatizer.name", "batch_size", "privacy.epsilon"}
+SHOWN = {"model.name", "data.name", "privatizer.name", "optimizer.name", "batch_size", "privacy.epsilon"}
 
 
 def _mean(values: list[float | None]) -> float | None:

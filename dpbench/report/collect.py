@@ -6,6 +6,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+from dpbench.methods import method_label
+
 # Strategy keys that distinguish variants of one privatizer in tables and plot legends.
 VARIANT_KEYS = {
     "projections": "r",
@@ -29,11 +31,14 @@ def _number(value: Any) -> float | None:
 
 
 def label_of(result: dict[str, Any]) -> str:
-    """privatizer name plus the keys that make it a variant, e.g. 'jl(r=5)'."""
-    privatizer = result.get("config", {}).get("privatizer", {}) or {}
+    """The method with its optimizer plus the keys that make it a variant, e.g. 'DP-SGD-JL (r=5)'."""
+    config = result.get("config", {}) or {}
+    privatizer = config.get("privatizer", {}) or {}
     parts = [f"{short}={privatizer[key]}" for key, short in VARIANT_KEYS.items() if privatizer.get(key) is not None]
     name = privatizer.get("name", result.get("privatizer", "?"))
-    return f"{name}({', '.join(parts)})" if parts else name
+    optimizer = (config.get("optimizer") or {}).get("name")
+    method = method_label(name, optimizer) if optimizer else name  # a results.json that does not record it
+    return f"{method} ({', '.join(parts)})" if parts else method
 
 
 def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:

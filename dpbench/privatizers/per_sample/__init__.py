@@ -8,25 +8,28 @@ from dpbench.errors import ConfigurationError
 from dpbench.privatizers.per_sample.auto import AutoEngine
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.functorch import FunctorchEngine
-from dpbench.privatizers.per_sample.hooks import HookEngine, PerSampleMismatch
+from dpbench.privatizers.per_sample.hooks import HookEngine, MaterializedEngine, PerSampleMismatch
 from dpbench.privatizers.per_sample.schedule import CheckSchedule
 
 PerSampleEngine = HookEngine | AutoEngine
 
-ENGINES = ("auto", "hooks", "functorch")
+ENGINES = ("auto", "hooks", "functorch", "materialized")
 
 
 def make_engine(
     model: nn.Module, engine: str = "auto", chunk_size: int | None = None, checks: CheckSchedule | None = None
 ) -> PerSampleEngine:
     """auto: hooks (fastest, see BENCHMARKS.md) while they serve the model, else functorch; hooks: refuse what they
-    cannot serve; functorch: vmap. Every engine checks its first batch against per-example backward passes, and the
-    hooks check again during training at the steps `checks` (the strategy's, which knows the step) draws."""
+    cannot serve; functorch: vmap; materialized: the hooks with every per-sample gradient built in full (the papers'
+    DP-SGD baseline). Every engine checks its first batch against per-example backward passes, and the hooks check
+    again during training at the steps `checks` (the strategy's, which knows the step) draws."""
     if engine not in ENGINES:
         raise ConfigurationError(f"privatizer.engine must be one of {ENGINES}, got {engine!r}")
     refuse_sample_mixing_layers(model)
     if engine == "hooks":
         return HookEngine(model, checks)
+    if engine == "materialized":
+        return MaterializedEngine(model, checks)
     return AutoEngine(model, chunk_size=chunk_size, hooks=engine == "auto", checks=checks)
 
 
@@ -36,6 +39,7 @@ __all__ = [
     "ClippedSum",
     "FunctorchEngine",
     "HookEngine",
+    "MaterializedEngine",
     "PerSampleEngine",
     "PerSampleMismatch",
     "make_engine",

@@ -111,6 +111,9 @@ class Call:
 class HookEngine:
     """Records (module, input, output) during the forward pass; reads output gradients after it."""
 
+    materialize = False
+    """True: every per-sample gradient is built as a (B, *shape) tensor before clipping (see MaterializedEngine)."""
+
     def __init__(self, model: nn.Module, checks: CheckSchedule | None = None):
         refuse_sample_mixing_layers(model)
         unsupported = unsupported_modules(model)
@@ -392,12 +395,20 @@ class HookEngine:
         For strategies that sum the clipped gradients their own way (sparse: touched embedding rows only). The norms
         are accumulated in the sites' precision (float64 for a float64 model), at least float32.
         """
-        sites, losses = self._sites(task, batch, dense=False)
+        sites, losses = self._sites(task, batch, dense=self.materialize)
         zero = torch.zeros(losses.shape[0], device=losses.device)
         norms = sum((_norm_sq(group) for group in sites.values()), zero).sqrt()
         factors = factor_fn(norms, clip_norm)
         _drop_nonfinite(sites, norms)
         return sites, factors, norms, losses
+
+
+class MaterializedEngine(HookEngine):
+    """privatizer.engine=materialized: the baseline the JL and GRAPE papers measured against (Opacus's default,
+    TF-Privacy): all per-sample gradients held at once, embedding rows over the whole vocabulary included. Exact like
+    the hook engine, which it is with ghost norms and sparse embedding sites turned off."""
+
+    materialize = True
 
 
 def _drop_nonfinite(sites: dict[str, list[Site]], norms: Tensor) -> None:

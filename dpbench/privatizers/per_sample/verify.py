@@ -26,6 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
 from dpbench.privatizers.per_sample.base import graph_nodes
@@ -68,19 +69,37 @@ class _NoDropout(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-class RandomDraws:
-    """Whether the global generators moved since the start: randomness a check did not neutralise (stochastic depth,
-    noise layers), under which a batch and its samples alone cannot be compared in training mode."""
+class RandomDraws(TorchDispatchMode):
+    """The random operations run while it is active (aten ops tagged nondeterministic_seeded): randomness a check did
+    not neutralise (stochastic depth, noise layers), under which a batch and its samples alone cannot be compared in
+    training mode. Ops are watched rather than generator states: on an H100 the CUDA generator's state moved during a
+    check of an OPT that drew nothing (dpbench 2026-11-26, cause not found), which refused every transformer there."""
 
-    def __init__(self, devices: list[int]):
-        self.devices = devices
-        self.start = self._states()
+    def __init__(self) -> None:
+        super().__init__()
+        self.ops: list[str] = []
 
-    def _states(self) -> list[Tensor]:
-        return [torch.get_rng_state(), *(torch.cuda.get_rng_state(device) for device in self.devices)]
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if (torch.Tag.nondeterministic_seeded in func.tags and _argument(func, args, kwargs, "dropout_p") != 0.0
+                and _argument(func, args, kwargs, "generator") is None):
+            self.ops.append(func.name())
+        return func(*args, **kwargs)
 
     def drawn(self) -> bool:
-        return any(not torch.equal(a, b) for a, b in zip(self.start, self._states(), strict=True))
+        return bool(self.ops)
+
+
+def _argument(func, args: tuple, kwargs: dict, name: str) -> object:
+    """An op's argument by schema name (its default where not passed); None where the op has no such argument.
+
+    dropout_p: fused attention ops are seeded through their dropout only. generator: dpbench's own seeded draws (GRAPE's
+    projections, the checks' samples) pass their generator explicitly; a model's randomness uses the global one (and
+    a noise layer with a generator of its own still fails the check, as a mismatch)."""
+    for position, argument in enumerate(func._schema.arguments):
+        if argument.name == name:
+            return kwargs.get(name, args[position] if position < len(args) else argument.default_value)
+    return None
 
 
 @contextmanager
@@ -90,8 +109,8 @@ def as_trained_without_dropout(model: nn.Module) -> Iterator[RandomDraws]:
     buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     try:
-        with torch.random.fork_rng(devices=devices), _NoDropout():
-            yield RandomDraws(devices)
+        with torch.random.fork_rng(devices=devices), _NoDropout(), RandomDraws() as draws:
+            yield draws
     finally:
         with torch.no_grad():
             for buffer, saved in buffers:

@@ -1,0 +1,179 @@
+"""`make gpu-check`: what dpbench needs a GPU to show, in one offline run of a few minutes on one card.
+
+1. the CUDA tests (`pytest -m cuda`: per-sample gradients, clipping and noise on the device, runs through the CLI),
+2. the default run (`python -m dpbench`) on CUDA,
+3. the memory/throughput frontier of non-private Adam, DP-Adam (ghost norms), DP-Adam with materialized per-sample
+   gradients and DP-GRAPE on OPT-1.3B, 6.7B and 2.7B (published shapes, random weights; 64 tokens; the card's whole
+   memory as the cap; max_memory_reserved),
+4. DP-Adam's and DP-GRAPE's step time against non-private Adam at the fixed batch, from the frontier's trials.
+
+Writes gpu_check.json after every part (a part cut short by the time budget still leaves the ones before it),
+gpu_check.md (a short table) and the CUDA tests' whole log (cuda_tests.log). `--dry-run` does it all on CPU with the
+small OPT config and small caps.
+
+    python -m benchmarks.gpu_check [--dry-run] [--budget-s 480] [--out outputs/gpu_check]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import NamedTuple
+
+import torch
+
+from dpbench.profile import frontier_table
+from dpbench.profiling.frontier import FrontierRow
+from dpbench.profiling.max_batch import Trial
+
+ROOT = Path(__file__).resolve().parents[1]
+METHODS = "nonprivate,vanilla,materialized,grape"
+TEXT = ["data=rotten_tomatoes", "data.tokenizer=hf:minilm", "data.max_length=64", "data.train_size=512",
+        "optimizer=adam"]
+ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "WANDB_MODE": "disabled",
+       "PYTHONUNBUFFERED": "1"}
+
+
+class Size(NamedTuple):
+    """One OPT of the frontier: its published size (None: the small CPU config), fixed batch and largest batch tried."""
+
+    name: str | None
+    batch: int
+    limit: int
+
+
+GPU_SIZES = [Size("1.3b", 4, 16), Size("6.7b", 1, 4), Size("2.7b", 4, 8)]
+"""6.7B at batch 1: the GRAPE paper's table reports which methods are out of memory there on an 80 GB card."""
+DRY_RUN_SIZES = [Size(None, 4, 8)]
+
+
+class Deadline:
+    def __init__(self, budget_s: float):
+        self.end = time.monotonic() + budget_s
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+
+def _run(command: list[str], timeout: float, log: Path | None = None) -> dict:
+    """A part as a subprocess under a timeout: its exit code, wall time and the end of its output."""
+    started = time.perf_counter()
+    try:
+        done = subprocess.run(command, cwd=ROOT, env={**os.environ, **ENV}, capture_output=True, text=True,
+                              timeout=max(1.0, timeout))
+        code, output = done.returncode, done.stdout + done.stderr
+    except subprocess.TimeoutExpired as expired:
+        partial = expired.stdout or ""
+        code, output = "timeout", partial.decode(errors="replace") if isinstance(partial, bytes) else partial
+    if log is not None:
+        log.write_text(output)
+    print(output[-4000:], flush=True)
+    return {"command": " ".join(command[1:]), "exit": code, "wall_s": round(time.perf_counter() - started, 1),
+            "output_tail": output[-1500:]}
+
+
+def cuda_tests(out: Path, deadline: Deadline, share: float, workers: int) -> dict:
+    """The whole pytest log goes to cuda_tests.log beside the record."""
+    part = _run([sys.executable, "-m", "pytest", "-q", "-n", str(workers), "-m", "cuda", "-p", "no:cacheprovider",
+                 "tests/test_cuda.py"], deadline.left() * share, out / "cuda_tests.log")
+    summary = [line for line in part["output_tail"].splitlines() if " passed" in line or " failed" in line
+               or " skipped" in line]
+    return {**part, "summary": summary[-1] if summary else ""}
+
+
+def default_run(out: Path, deadline: Deadline, share: float, dry_run: bool) -> dict:
+    run_dir = out / "default_run"
+    extra = ["max_steps=3", "epochs=1"] if dry_run else []
+    part = _run([sys.executable, "-m", "dpbench", "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}",
+                 *extra], deadline.left() * share)
+    results = run_dir / "results.json"
+    if results.exists():
+        record = json.loads(results.read_text())
+        part["results"] = {key: record.get(key) for key in ("device", "test_accuracy", "epsilon", "steps",
+                                                               "samples_per_s", "peak_memory_mb", "memory_method",
+                                                               "train_time_s")}
+    return part
+
+
+def frontier(out: Path, size: Size, cap_gb: float, deadline: Deadline, share: float) -> dict:
+    target = out / f"frontier_{size.name or 'small'}"
+    model = ["model=opt", *([f"model.size={size.name}"] if size.name else [])]
+    part = _run([sys.executable, "-m", "dpbench.profile", "frontier", *model, *TEXT, "--privatizers", METHODS,
+                 "--cap-gb", f"{cap_gb:.2f}", "--batch", str(size.batch), "--limit", str(size.limit),
+                 "--resolution", "1", "--out", str(target)], deadline.left() * share)
+    record = target / "frontier.json"
+    if record.exists():  # rewritten after each method, so a part cut short keeps what it measured
+        part["frontier"] = json.loads(record.read_text())
+        part["ratios"] = step_time_ratios(part["frontier"]["rows"])
+    return part
+
+
+def step_time_ratios(rows: list[dict]) -> dict[str, float | None]:
+    """A method's step time over non-private Adam's, both at the fixed batch: their samples/s inverted."""
+    rates = {row["privatizer"]: row["samples_per_s_at_fixed"] for row in rows}
+    base = rates.get("nonprivate")
+    return {name: (base / rate if base and rate else None) for name, rate in rates.items() if name != "nonprivate"}
+
+
+def table(record: dict) -> str:
+    lines = [f"# GPU check, {record['date']} on {record['device']} ({record['wall_s']:.0f} s)", ""]
+    tests = record.get("cuda_tests", {})
+    lines.append(f"CUDA tests: {tests.get('summary') or tests.get('exit')} ({tests.get('wall_s')} s)")
+    run = record.get("default_run", {}).get("results")
+    if run:
+        lines.append(f"default run: {json.dumps(run)}")
+    for key, part in record.items():
+        if key.startswith("frontier_") and "frontier" in part:
+            rows = [FrontierRow(**{**row, "trials": [Trial(**t) for t in row["trials"]]})
+                    for row in part["frontier"]["rows"]]
+            lines += ["", f"## {key} ({' '.join(part['frontier']['overrides'][:2])})",
+                      frontier_table(rows, part["frontier"]["cap_mb"], record["device"], part["frontier"]["wall_s"]),
+                      "", f"step time over non-private Adam at batch {part['frontier']['fixed_batch']}: " + ", ".join(
+                          f"{name} {ratio:.2f}x" if ratio else f"{name} -" for name, ratio in part["ratios"].items())]
+        elif key.startswith("frontier_"):
+            lines += ["", f"## {key}: not measured ({part['exit']}, {part['wall_s']} s)"]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--dry-run", action="store_true", help="on CPU, the small OPT config and small caps")
+    parser.add_argument("--budget-s", type=float, default=480.0)
+    parser.add_argument("--out", type=Path, default=Path("outputs/gpu_check"))
+    args = parser.parse_args()
+    if not args.dry_run and not torch.cuda.is_available():
+        sys.exit("gpu-check: no CUDA device here; `--dry-run` runs the same parts on CPU at small sizes")
+    started, deadline = time.perf_counter(), Deadline(args.budget_s)
+    out = args.out.resolve()
+    out.mkdir(parents=True, exist_ok=True)
+    device = "CPU (dry run)" if args.dry_run else torch.cuda.get_device_name()
+    record: dict = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": device,
+                    "torch": torch.__version__, "dry_run": args.dry_run}
+    if args.dry_run:
+        sizes, cap_gb, workers = DRY_RUN_SIZES, 3.0, 2
+    else:
+        sizes, workers = GPU_SIZES, 8
+        cap_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
+    parts = [("cuda_tests", lambda: cuda_tests(out, deadline, 0.25, workers)),
+             ("default_run", lambda: default_run(out, deadline, 0.15, args.dry_run))]
+    for index, size in enumerate(sizes):
+        share = 1.0 / (len(sizes) - index)  # an even split of what is left
+        parts.append((f"frontier_{size.name or 'small'}", lambda size=size, share=share: frontier(
+            out, size, cap_gb, deadline, share)))
+    for name, part in parts:
+        print(f"\n=== {name} ({deadline.left():.0f} s left) ===", flush=True)
+        record[name] = part()
+        record["wall_s"] = time.perf_counter() - started
+        (out / "gpu_check.json").write_text(json.dumps(record, indent=2))
+        (out / "gpu_check.md").write_text(table(record))
+    print((out / "gpu_check.md").read_text())
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""The leaderboard's "claims at scale" section: GRAPE's memory claim where its paper makes it (100M+ parameters),
+generated from frontier records committed under docs/leaderboard/frontier/NAME/ (written by `python -m
+dpbench.profile frontier ... --out docs/leaderboard/frontier/NAME`), each beside what the paper's text states.
+`python -m dpbench.leaderboard` writes it with the rest; `--scale-only` rewrites it alone.
+
+On CPU a process's peak includes the interpreter (Python, torch), which no method can save, so the ratios compare
+peaks above it; on CUDA the peak is max_memory_reserved. A verdict of "does not hold" is only given at the paper's
+scale (REGIME_PARAMETERS and up); below it the sentence says the regime was not reached.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dpbench.leaderboard.claims import LESS_MEMORY
+from dpbench.methods import preset_label
+
+REGIME_PARAMETERS = 100_000_000
+"""The GRAPE paper's smallest model with a memory figure is RoBERTa-large (355M); ViT-base (86M) is close."""
+PAPER = {
+    ("opt", "6.7b"): "Tables 4, 12 and 13: DP-Adam (and non-private Adam) out of memory at batch 1 on an 80 GB H100, "
+                     "DP-GRAPE trains",
+    ("roberta", "large"): "Section 5.2: at batch 40 DP-Adam uses 78.1 GB and DP-GRAPE 24.4 GB (0.31x) on an H100",
+}
+SECTION_TITLE = "## Claims at scale"
+PAPER_DEFAULT = "Figure 3: DP-GRAPE's peak memory well under DP-Adam's at every batch (values only in the plot)"
+
+
+def _override(overrides: list[str], key: str) -> str | None:
+    return next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")), None)
+
+
+def _parameters(rows: list[dict]) -> int | None:
+    return next((t["parameters"] for row in rows for t in row["trials"] if t.get("parameters")), None)
+
+
+def _saved_mb(row: dict, device: str) -> float | None:
+    """The peak at the fixed batch, above the interpreter on CPU."""
+    peak = row["peak_at_fixed_mb"]
+    if peak is None:
+        return None
+    return peak - (row["interpreter_rss_mb"] or 0.0) if device == "cpu" else peak
+
+
+def _batch(row: dict) -> str:
+    if row.get("refused"):
+        return "refused"
+    if row["out_of_memory_at_1"]:
+        return "OOM at 1"
+    failed = any(not t["fits"] for t in row["trials"])
+    return str(row["max_batch_size"]) if failed else f"{row['max_batch_size']} (none failed; the search's limit)"
+
+
+def _mb(value: float | None) -> str:
+    return f"{value:,.0f}" if value is not None else "-"
+
+
+def grape_verdict(record: dict, parameters: int | None, optimizer: str) -> str:
+    """One sentence: DP-GRAPE's memory at the fixed batch against both DP-Adam baselines, with the verdict."""
+    rows = {row["privatizer"]: row for row in record["rows"]}
+    names = {name: preset_label(name, optimizer) for name in rows}
+    device, batch = record["device"], record["fixed_batch"]
+    grape = _saved_mb(rows["grape"], device) if "grape" in rows else None
+    if grape is None:
+        return f"DP-GRAPE was not measured at batch {batch} here ({rows.get('grape', {}).get('note') or 'absent'})."
+    above = " above the interpreter" if device == "cpu" else ""
+    parts = []
+    for name in ("materialized", "vanilla", "nonprivate"):
+        other = _saved_mb(rows[name], device) if name in rows else None
+        if other:
+            parts.append(f"{grape / other:.2f}x {names[name]}'s {other:,.0f} MB")
+        elif name in rows and rows[name].get("refused"):
+            parts.append(f"{names[name]} refused")
+        elif name in rows:
+            parts.append(f"{names[name]} does not fit at batch {batch}")
+    baseline = next((rows[n] for n in ("materialized", "vanilla") if n in rows), None)
+    if baseline is None:
+        return f"DP-GRAPE peaks at {grape:,.0f} MB{above} at batch {batch}; no DP-Adam row to compare with."
+    reference = _saved_mb(baseline, device)
+    if baseline.get("refused"):
+        verdict = "not judged: the baseline refused the model"
+    elif reference is None or grape / reference <= LESS_MEMORY:
+        verdict = "holds here"
+    elif parameters is not None and parameters < REGIME_PARAMETERS:
+        verdict = f"not judged: {parameters / 1e6:.0f}M parameters is below the paper's regime"
+    else:
+        verdict = "**does not hold here**"
+    return (f"DP-GRAPE's memory claim (at most {LESS_MEMORY}x the peak of {names[baseline['privatizer']]}, the "
+            f"paper's baseline): at batch {batch}, DP-GRAPE peaks at "
+            f"{grape:,.0f} MB{above}, " + ", ".join(parts) + f": {verdict}.")
+
+
+def _record_lines(record: dict, name: str) -> list[str]:
+    overrides = record["overrides"]
+    family, size = _override(overrides, "model"), _override(overrides, "model.size")
+    parameters = _parameters(record["rows"])
+    frozen = _override(overrides, "model.freeze")
+    optimizer = _override(overrides, "optimizer") or "sgd"  # the config's default
+    title = f"{family or 'model'} {size or '(small config)'}" + (f", frozen {frozen}" if frozen else "")
+    setting = (f"{parameters / 1e6:,.1f}M parameters, " if parameters else "") + (
+        f"{_override(overrides, 'data.max_length') or '?'} tokens, {record['device_name']}, cap "
+        f"{record['cap_mb'] / 1024:g} GiB, {record.get('steps_per_trial', '?')} steps per trial, "
+        f"search {record['wall_s'] / 60:.0f} min" + (f", load average {record['load_average']:.1f} on "
+                                                      f"{record['cpus']} CPUs at its end (samples/s are only "
+                                                      "comparable within a record)" if "load_average" in record
+                                                      else ""))
+    batch = record["fixed_batch"]
+    lines = [f"### {title}", "", f"`{name}`: {setting}. Paper: {PAPER.get((family, size), PAPER_DEFAULT)}.", "",
+             f"| method | largest batch | peak at {batch} (MB) | samples/s at {batch} | peak at largest (MB) | note |",
+             "|---|---|---|---|---|---|"]
+    for row in record["rows"]:
+        rate = row["samples_per_s_at_fixed"]
+        lines.append(f"| {preset_label(row['privatizer'], optimizer)} | {_batch(row)} "
+                     f"| {_mb(row['peak_at_fixed_mb'])} | {f'{rate:.2f}' if rate else '-'} "
+                     f"| {_mb(row['peak_at_max_mb'])} | {row['note'][:160]} |")
+    lines += ["", f"- {grape_verdict(record, parameters, optimizer)}", "",
+              f"![{name}](leaderboard/frontier/{name}/frontier.png)", ""]
+    return lines
+
+
+def scale_section(frontier_dir: Path) -> list[str]:
+    records = sorted(Path(frontier_dir).glob("*/frontier.json"))
+    if not records:
+        return []
+    lines = [SECTION_TITLE, "",
+             "Peak memory and speed of each method on published model shapes (random weights, built from config), "
+             "from `python -m dpbench.profile frontier`: every trial a fresh process under the cap, the largest batch "
+             "found by doubling from the fixed batch. CPU peaks are the process's VmHWM (interpreter included in the "
+             "table, left out of the ratios); CUDA peaks are max_memory_reserved.", ""]
+    for path in records:
+        lines += _record_lines(json.loads(path.read_text()), path.parent.name)
+    return lines
+
+
+def rewrite(docs: Path) -> Path:
+    """Replace (or append) the section in docs/leaderboard.md, leaving the cells' tables as they are: the frontier
+    records change without the suite being run again."""
+    path = docs / "leaderboard.md"
+    text = path.read_text()
+    kept = text.split("\n" + SECTION_TITLE)[0].rstrip("\n")
+    path.write_text(kept + "\n\n" + "\n".join(scale_section(docs / "leaderboard" / "frontier")))
+    return path
+

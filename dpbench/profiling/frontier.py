@@ -1,0 +1,72 @@
+"""The memory/throughput frontier of several privatizers on one model: for each, the largest batch that trains under
+a memory cap, its peak memory and samples/s, and the peak and samples/s at one fixed batch (the papers' tables).
+
+Built on the max-batch search (max_batch.py): every trial is a fresh, capped process, so an out-of-memory trial is
+recorded rather than taking the machine down, and a method whose model does not fit at all is "out of memory at
+batch 1" (the GRAPE paper's OOM).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+from dpbench.profiling.max_batch import MEMORY_FIELDS, Trial, find_max_batch
+
+FRONTIER_FIELDS = {
+    **MEMORY_FIELDS,
+    "peak_mb": "the method's peak at that batch: process_peak_mb of its trial (CPU: the whole process's VmHWM, "
+               "interpreter_rss_mb of it Python and torch alone; CUDA: max_memory_reserved)",
+    "samples_per_s": "batch size over the median time of the trial's steps after the first (a warm-up)",
+}
+
+
+@dataclass
+class FrontierRow:
+    """One privatizer's frontier; `trials` holds every batch tried (the plot's points)."""
+
+    privatizer: str
+    device: str
+    max_batch_size: int
+    peak_at_max_mb: float | None
+    samples_per_s_at_max: float | None
+    fixed_batch: int
+    peak_at_fixed_mb: float | None
+    samples_per_s_at_fixed: float | None
+    interpreter_rss_mb: float | None
+    out_of_memory_at_1: bool
+    note: str = ""
+    refused: bool = False
+    """The method refused the model or setting (the note says why): nothing was measured."""
+    trials: list[Trial] = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def _fitting(trials: list[Trial], batch_size: int) -> Trial | None:
+    return next((t for t in reversed(trials) if t.batch_size == batch_size and t.fits), None)
+
+
+def frontier_row(
+    privatizer: str, overrides: list[str], cap_mb: float, fixed_batch: int, limit: int, resolution: float, steps: int,
+) -> FrontierRow:
+    """The search starts at the fixed batch, so its trial is also the fixed-batch measurement."""
+    result = find_max_batch([*overrides, f"privatizer={privatizer}"], cap_mb, start=fixed_batch, limit=limit,
+                            resolution=resolution, steps=steps, model_may_not_fit=True)
+    at_max = _fitting(result.trials, result.max_batch_size)
+    at_fixed = _fitting(result.trials, fixed_batch)
+    interpreter = next((t.interpreter_rss_mb for t in result.trials if t.interpreter_rss_mb is not None), None)
+    note = result.note
+    if at_fixed is None and result.max_batch_size > 0:
+        note = f"batch {fixed_batch} does not fit under {cap_mb:g} MB"
+    return FrontierRow(
+        privatizer, result.device, result.max_batch_size,
+        at_max.process_peak_mb if at_max else None, at_max.samples_per_s if at_max else None,
+        fixed_batch, at_fixed.process_peak_mb if at_fixed else None, at_fixed.samples_per_s if at_fixed else None,
+        interpreter, result.max_batch_size == 0, note, trials=result.trials,
+    )
+
+
+def refused_row(privatizer: str, device: str, fixed_batch: int, reason: str) -> FrontierRow:
+    return FrontierRow(privatizer, device, 0, None, None, fixed_batch, None, None, None, False, note=reason,
+                       refused=True)

@@ -1,0 +1,100 @@
+"""The memory/throughput frontier (`python -m dpbench.profile frontier`): the search's OOM-at-batch-1 rule, a trial
+that outgrows its cap failing inside its own process, and the command end to end with its record and figure."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from dpbench.errors import ConfigurationError
+from dpbench.profiling import max_batch
+from dpbench.profiling.frontier import frontier_row
+from dpbench.profiling.max_batch import Trial, find_max_batch
+from tests.cli import ROOT
+
+TINY = ["data=digits", "model=cnn_large", "model.width=8", "model.hidden=8", "optimizer=adam"]
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+@pytest.fixture
+def model_too_big(monkeypatch):
+    """Trials whose model alone passes the cap: each fails before its first step, above the interpreter."""
+    tried = []
+
+    def fake_trial(overrides, batch_size, cap, steps=2, device=None):
+        tried.append(batch_size)
+        return Trial(batch_size, False, cap + 1, None, stage="setup", reason="resident memory passed the cap",
+                     interpreter_rss_mb=interpreter)
+
+    interpreter = 400.0
+    monkeypatch.setattr(max_batch, "run_trial", fake_trial)
+    monkeypatch.setattr(max_batch, "trial_device", lambda overrides: "cpu")
+    return tried
+
+
+def test_a_model_that_does_not_fit_is_out_of_memory_at_batch_1(model_too_big):
+    row = frontier_row("vanilla", [], cap_mb=1000.0, fixed_batch=4, limit=64, resolution=1.0, steps=3)
+    assert row.out_of_memory_at_1 and row.max_batch_size == 0 and model_too_big == [4, 1]
+    assert row.peak_at_fixed_mb is None and row.note.startswith("out of memory at batch 1")
+
+
+def test_a_cap_below_the_interpreter_is_still_an_error_in_the_frontier(model_too_big, monkeypatch):
+    monkeypatch.setattr(max_batch, "footprint_error", lambda *args: ConfigurationError("cap below the footprint"))
+    with pytest.raises(ConfigurationError, match="footprint"):
+        find_max_batch([], cap_mb=300.0, start=4, model_may_not_fit=True)  # the interpreter alone needs 400
+
+
+def test_a_cpu_trial_cannot_allocate_far_past_its_cap():
+    """The parent polls resident memory every 10 ms, which one large allocation outruns; the trial's data-segment
+    limit fails that allocation inside the trial, as an out-of-memory the search records."""
+    probe = (
+        "import torch\n"
+        "from dpbench.profiling.max_batch import _limit_data_segment, _out_of_memory\n"
+        "torch.ones(2**24)\n"  # 64 MB: under the limit
+        "_limit_data_segment(500.0)\n"
+        "try:\n"
+        "    torch.ones(2**28)\n"  # 1 GiB at once: past 500 MB * 1.1 + 512 MB
+        "    print('allocated')\n"
+        "except Exception as error:\n"
+        "    print('out of memory' if _out_of_memory(error) else repr(error))\n"
+    )
+    run = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.stdout.strip() == "out of memory", run.stdout + run.stderr[-2000:]
+
+
+def test_the_frontier_command_records_every_method_and_draws_them(tmp_path):
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    run = subprocess.run(
+        [sys.executable, "-m", "dpbench.profile", "frontier", *TINY, "--privatizers", "nonprivate,materialized,grape",
+         "--cap-gb", "4", "--batch", "4", "--limit", "8", "--resolution", "1", "--steps", "3", "--out",
+         str(tmp_path), "optimizer=sgd"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert run.returncode == 0, run.stderr[-3000:]
+    record = json.loads((tmp_path / "frontier.json").read_text())
+    rows = {row["privatizer"]: row for row in record["rows"]}
+    assert list(rows) == ["nonprivate", "materialized", "grape"]
+    for name in ("nonprivate", "materialized"):
+        row = rows[name]
+        assert row["max_batch_size"] == 8 and [t["batch_size"] for t in row["trials"]] == [4, 8]
+        assert row["peak_at_fixed_mb"] > row["interpreter_rss_mb"] > 100
+        assert row["samples_per_s_at_fixed"] > 0 and row["samples_per_s_at_max"] > 0
+    assert rows["grape"]["refused"] and "optimizer=adam" in rows["grape"]["note"]  # the others still measured
+    assert "| grape | refused |" in run.stdout
+    assert (tmp_path / "frontier.png").read_bytes().startswith(PNG)
+
+
+def killed_by_the_system(overrides, batch_size, steps, cap_mb, device_name, queue) -> None:
+    """A trial body the kernel's OOM killer ends (SIGKILL), as it did at OPT-1.3B with other jobs on the host."""
+    queue.put(("interpreter", 400.0))
+    time.sleep(1.0)  # the queue's feeder thread sends the message; a real trial is killed long after it
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_trial_killed_by_the_system_is_a_recorded_failure_not_a_crash(monkeypatch):
+    monkeypatch.setattr(max_batch, "_train_steps", killed_by_the_system)
+    trial = max_batch.run_trial(["privatizer=vanilla"], 4, cap_mb=20480.0, device="cpu")
+    assert not trial.fits and trial.stage == "setup" and trial.reason.startswith("killed by the system")
+    assert trial.interpreter_rss_mb == 400.0

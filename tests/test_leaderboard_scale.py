@@ -1,0 +1,82 @@
+"""The "claims at scale" section: DP-GRAPE's memory against the paper's baseline, judged only at the paper's scale,
+from frontier records as `python -m dpbench.profile frontier` writes them."""
+
+import json
+from dataclasses import asdict
+
+import pytest
+
+from dpbench.leaderboard.__main__ import main
+from dpbench.leaderboard.claims import LESS_MEMORY
+from dpbench.leaderboard.scale import REGIME_PARAMETERS, rewrite, scale_section
+from dpbench.profiling.frontier import FrontierRow, refused_row
+from dpbench.profiling.max_batch import Trial
+
+INTERPRETER = 400.0
+
+
+def row(privatizer: str, peak: float | None, parameters: int) -> FrontierRow:
+    fits = peak is not None
+    trials = [Trial(4, fits, process_peak_mb=peak, interpreter_rss_mb=INTERPRETER, parameters=parameters,
+                    samples_per_s=2.0 if fits else None, stage="" if fits else "steps")]
+    return FrontierRow(privatizer, "cpu", 4 if fits else 0, peak, 2.0 if fits else None, 4, peak,
+                       2.0 if fits else None, INTERPRETER, not fits, "" if fits else "out of memory at batch 1",
+                       trials=trials)
+
+
+def write(tmp_path, rows: list[FrontierRow], size: str = "350m"):
+    folder = tmp_path / "frontier" / f"opt_{size}_cpu"
+    folder.mkdir(parents=True)
+    (folder / "frontier.json").write_text(json.dumps({
+        "overrides": ["model=opt", f"model.size={size}", "data.max_length=32", "optimizer=adam"], "cap_mb": 20480.0,
+        "device": "cpu", "device_name": "CPU", "fixed_batch": 4, "steps_per_trial": 4, "wall_s": 600.0,
+        "rows": [asdict(r) for r in rows]}))
+    return "\n".join(scale_section(tmp_path / "frontier"))
+
+
+@pytest.mark.parametrize(("grape", "materialized", "verdict"), [
+    (1400.0, 4400.0, "holds here"),  # 1000 / 4000 above the interpreter
+    (3800.0, 4400.0, "**does not hold here**"),
+    (3800.0, None, "holds here"),  # the baseline does not fit where GRAPE does
+])
+def test_grape_is_judged_against_the_papers_baseline_above_the_interpreter(tmp_path, grape, materialized, verdict):
+    parameters = 2 * REGIME_PARAMETERS
+    text = write(tmp_path, [row("nonprivate", 2400.0, parameters), row("vanilla", 3000.0, parameters),
+                            row("materialized", materialized, parameters), row("grape", grape, parameters)])
+    sentence = next(line for line in text.splitlines() if line.startswith("- DP-GRAPE's memory claim"))
+    assert sentence.endswith(f": {verdict}.")
+    assert f"{(grape - INTERPRETER) / (3000.0 - INTERPRETER):.2f}x DP-Adam (ghost norms)'s" in sentence
+    if materialized:
+        ratio = (grape - INTERPRETER) / (materialized - INTERPRETER)
+        assert f"{ratio:.2f}x DP-Adam (materialized" in sentence and (ratio <= LESS_MEMORY) == (verdict == "holds here")
+    assert "| DP-GRAPE (Adam) | 4 (none failed; the search's limit) |" in text
+    assert "![opt_350m_cpu](leaderboard/frontier/opt_350m_cpu/frontier.png)" in text
+
+
+def test_below_the_papers_scale_a_failing_claim_is_not_judged(tmp_path):
+    parameters = REGIME_PARAMETERS // 4
+    text = write(tmp_path, [row("materialized", 1000.0, parameters), row("grape", 1000.0, parameters)], "125m")
+    assert f"not judged: {parameters / 1e6:.0f}M parameters is below the paper's regime" in text
+
+
+def test_a_refused_baseline_is_not_a_win(tmp_path):
+    parameters = 2 * REGIME_PARAMETERS
+    text = write(tmp_path, [refused_row("materialized", "cpu", 4, "the model draws random numbers"),
+                            row("grape", 1000.0, parameters)])
+    assert "not judged: the baseline refused the model" in text and "| DP-Adam (materialized per-sample gradients) " \
+        "| refused |" in text
+
+
+def test_no_records_no_section(tmp_path):
+    assert scale_section(tmp_path / "frontier") == []
+
+
+def test_rewriting_the_section_keeps_the_rest_of_the_leaderboard(tmp_path):
+    parameters = 2 * REGIME_PARAMETERS
+    write(tmp_path / "leaderboard", [row("materialized", 4400.0, parameters), row("grape", 1400.0, parameters)])
+    (tmp_path / "leaderboard.md").write_text("# dpbench leaderboard\n\n## Results per task\n\ncells\n")
+    assert main(["--scale-only", "--docs", str(tmp_path)]) == 0
+    rewrite(tmp_path)  # idempotent: the section is replaced, not appended twice
+    text = (tmp_path / "leaderboard.md").read_text()
+    assert text.startswith("# dpbench leaderboard\n\n## Results per task\n\ncells\n\n## Claims at scale")
+    assert text.count("## Claims at scale") == 1 and "holds here" in text
