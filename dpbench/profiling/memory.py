@@ -71,7 +71,6 @@ class PeakMemory:
             self.max_memory_reserved_mb = torch.cuda.max_memory_reserved(self.device) / 2**20
             self.peak_mb = self.max_memory_reserved_mb
             return
-        hwm_kib = _status_kib("VmHWM")
-        if hwm_kib is None or self.method.startswith("ru_maxrss"):
-            hwm_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-        self.peak_mb = max(0.0, hwm_kib / 1024.0 - self.baseline_mb)
+        reset = not self.method.startswith("ru_maxrss")
+        peak_mb = high_water_mark_mb() if reset else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+        self.peak_mb = max(0.0, peak_mb - self.baseline_mb)
