@@ -31,6 +31,23 @@ class TrainModeStandardizing(TrainModeCentering):
         return (h - h.mean(0, keepdim=True)) / h.std(0, keepdim=True) if self.training else h
 
 
+class ShapeDependentRounding(nn.Module):
+    """Exact per sample, but a batch of one keeps 5 significant bits of its hidden layer: a GPU's kernels for a sample
+    alone round otherwise than the batch's (by 0.4% at OPT-1.3B on an H100), which a check must not take for a wrong
+    engine. The rounding passes gradients straight through."""
+
+    def __init__(self, features: int, hidden: int, classes: int):
+        super().__init__()
+        self.first, self.second = nn.Linear(features, hidden), nn.Linear(hidden, classes)
+
+    def forward(self, x):
+        h = self.first(x)
+        if x.shape[0] == 1:
+            mantissa, exponent = torch.frexp(h)
+            h = h + (torch.ldexp((mantissa * 32).round() / 32, exponent) - h).detach()
+        return self.second(torch.tanh(h))
+
+
 class GatedSortedBranch(nn.Module):
     """h + gate(branch(h)), the branch layer run on the batch sorted by its first feature and unsorted afterwards (its
     hooked input rows belong to other samples), behind a zero-initialised gate (LoRA's B = 0, ReZero): while the gate

@@ -24,7 +24,7 @@ from dpbench.privatizers.per_sample.schedule import CheckSchedule
 from dpbench.tasks import ClassificationTask
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
-from tests.checked_models import GatedSortedBranch, TrainModeCentering, TrainModeStandardizing
+from tests.checked_models import GatedSortedBranch, ShapeDependentRounding, TrainModeCentering, TrainModeStandardizing
 from tests.cli import FAST, dpbench
 
 SIZE, FEATURES, BATCH = 1024, 8, 32
@@ -77,6 +77,35 @@ def test_a_misrouted_layer_behind_a_zero_gate_stops_the_run_when_the_gate_opens(
         train(GatedSortedBranch(FEATURES, 16, 2), config, steps=100, optimizer=optimizer)
     assert stopped.value.step > 0
     assert "not a guarantee" in str(stopped.value)
+
+
+@pytest.mark.parametrize("privatizer", sorted(HOOKED))
+def test_a_sample_alone_rounding_otherwise_than_its_batch_is_not_refused(privatizer):
+    """The H100 case: every parameter of OPT-1.3B 0.4% off alone. The checks compare against the sample repeated to
+    the batch's shapes, so the run trains through its checks, and the clipped sums are the batch's own gradients."""
+    config, optimizer = HOOKED[privatizer]
+    torch.manual_seed(0)
+    module = train(ShapeDependentRounding(FEATURES, 16, 2), config, steps=12, optimizer=optimizer)
+    assert module.ledger.steps == 12 and module.strategy.checks.checked_steps
+
+
+def test_the_check_at_the_batch_shapes_keeps_exact_sums_and_still_sees_mixing():
+    torch.manual_seed(0)
+    model = ShapeDependentRounding(6, 6, 3)
+    batch = torch.randn(8, 6), torch.randint(0, 3, (8,))
+    strategy = make_strategy(OmegaConf.create({"name": "vanilla", "engine": "hooks"}), PrivacySettings(1e6, 0.5, 0.0))
+    strategy.attach(model)
+    strategy.privatize(model, ClassificationTask(), batch, StepContext(0, 1.0))
+    engine = {name: p.grad.clone() for name, p in model.named_parameters()}
+    model.zero_grad()
+    ClassificationTask().per_sample_loss(model, batch).sum().backward()  # unclipped: the batch's own gradient
+    for name, p in model.named_parameters():
+        torch.testing.assert_close(engine[name], p.grad)
+    mixing = nn.Sequential(TrainModeCentering(), ShapeDependentRounding(6, 6, 3))
+    strategy = make_strategy(OmegaConf.create({"name": "vanilla", "engine": "hooks"}), PrivacySettings(1.0, 0.5, 0.0))
+    strategy.attach(mixing)
+    with pytest.raises(UnsupportedModelError, match=r"0\.fc\.weight"):
+        strategy.privatize(mixing, ClassificationTask(), batch, StepContext(0, 8.0))
 
 
 def test_auto_switches_to_the_exact_engine_from_the_failing_step_on():

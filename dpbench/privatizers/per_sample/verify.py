@@ -39,6 +39,7 @@ DROPOUTS = {
 ATTENTION = F.scaled_dot_product_attention
 ATTENTION_DROPOUT_POSITION = 4
 """scaled_dot_product_attention(query, key, value, attn_mask, dropout_p, ...)."""
+SHARED_DRAW_SEED = 0
 
 
 class Deviation(NamedTuple):
@@ -73,21 +74,35 @@ class RandomDraws(TorchDispatchMode):
     """The random operations run while it is active (aten ops tagged nondeterministic_seeded): randomness a check did
     not neutralise (stochastic depth, noise layers), under which a batch and its samples alone cannot be compared in
     training mode. Ops are watched rather than generator states: on an H100 the CUDA generator's state moved during a
-    check of an OPT that drew nothing (dpbench 2026-11-26, cause not found), which refused every transformer there."""
+    check of an OPT that drew nothing (dpbench 2026-11-26, cause not found), which refused every transformer there.
+
+    A draw of one number (LayerDrop's per layer; transformers 5.17's OPT draws it even at layerdrop 0) is the whole
+    batch's, not a sample's: it is drawn from a fixed seed, so the batch and each sample alone see the same number and
+    can be compared, and it is not counted."""
 
     def __init__(self) -> None:
         super().__init__()
         self.ops: list[str] = []
+        self.devices = list(range(torch.cuda.device_count())) if torch.cuda.is_available() else []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
-        if (torch.Tag.nondeterministic_seeded in func.tags and _argument(func, args, kwargs, "dropout_p") != 0.0
-                and _argument(func, args, kwargs, "generator") is None):
+        if (torch.Tag.nondeterministic_seeded not in func.tags or _argument(func, args, kwargs, "dropout_p") == 0.0
+                or _argument(func, args, kwargs, "generator") is not None):
+            return func(*args, **kwargs)
+        with torch.random.fork_rng(devices=self.devices):
+            torch.manual_seed(SHARED_DRAW_SEED)
+            out = func(*args, **kwargs)
+        if not (isinstance(out, Tensor) and out.dim() == 0):
             self.ops.append(func.name())
-        return func(*args, **kwargs)
+        return out
 
     def drawn(self) -> bool:
         return bool(self.ops)
+
+    def describe(self) -> str:
+        """The ops that drew, for the refusal's message: what to look for in the model."""
+        return ", ".join(sorted(set(self.ops)))
 
 
 def _argument(func, args: tuple, kwargs: dict, name: str) -> object:
@@ -153,12 +168,15 @@ def loss_deviation(model: nn.Module, task: Task, batch: Batch, samples: list[int
 
 
 def per_example_deviations(
-    model: nn.Module, task: Task, batch: Batch, sample: int, params: dict[str, nn.Parameter], compare: Compare
+    model: nn.Module, task: Task, batch: Batch, sample: int, params: dict[str, nn.Parameter], compare: Compare,
+    copies: int = 1,
 ) -> dict[str, Deviation]:
     """`compare` applied to each parameter's d loss_i / d theta from sample i's own forward and backward pass.
 
-    Each gradient is handed over when autograd has accumulated it and dropped at once, so at most one parameter's
-    per-example gradient is alive at a time. The parameters' .grad are set aside and restored.
+    `copies` > 1: the pass runs sample i repeated that many times and differentiates the first copy's loss, the same
+    gradient computed at the batch's shapes (see HookEngine._sample_mismatch). Each gradient is handed over when
+    autograd has accumulated it and dropped at once, so at most one parameter's per-example gradient is alive at a
+    time. The parameters' .grad are set aside and restored.
     """
     names = {p: name for name, p in params.items()}
     saved = {p: p.grad for p in params.values()}
@@ -172,7 +190,7 @@ def per_example_deviations(
         param.grad = None
     handles = [param.register_post_accumulate_grad_hook(on_gradient) for param in params.values()]
     try:
-        loss = task.per_sample_loss(model, select(batch, [sample]))[0]
+        loss = task.per_sample_loss(model, select(batch, [sample] * copies))[0]
         if loss.requires_grad:
             loss.backward(inputs=list(params.values()))
     finally:
