@@ -62,10 +62,14 @@ def with_privatizer(method: str, privatizer: str) -> str:
 
 ENGINES = {"vanilla": "ghost norms", "materialized": "materialized per-sample gradients"}
 """The exact DP-SGD/DP-Adam engines the frontier compares (`privatizer=vanilla` and its `materialized` preset)."""
+JL_PRESET = "jl_r"
+"""`privatizer=jl_r5`: JL with 5 projections."""
 
 
 def preset_label(preset: str, optimizer: str | None) -> str:
     """The label of a `privatizer=` preset, telling the two exact engines apart: "DP-Adam (ghost norms)"."""
     if preset in ENGINES:
         return f"{method_label('vanilla', optimizer)} ({ENGINES[preset]})"
+    if preset.startswith(JL_PRESET):
+        return f"{method_label('jl', optimizer)} (r={preset.removeprefix(JL_PRESET)})"
     return method_label(preset, optimizer)

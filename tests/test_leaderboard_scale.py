@@ -15,20 +15,21 @@ from dpbench.profiling.max_batch import Trial
 INTERPRETER = 400.0
 
 
-def row(privatizer: str, peak: float | None, parameters: int) -> FrontierRow:
+def row(privatizer: str, peak: float | None, parameters: int, rate: float = 2.0) -> FrontierRow:
     fits = peak is not None
     trials = [Trial(4, fits, process_peak_mb=peak, interpreter_rss_mb=INTERPRETER, parameters=parameters,
-                    samples_per_s=2.0 if fits else None, stage="" if fits else "steps")]
-    return FrontierRow(privatizer, "cpu", 4 if fits else 0, peak, 2.0 if fits else None, 4, peak,
-                       2.0 if fits else None, INTERPRETER, not fits, "" if fits else "out of memory at batch 1",
+                    samples_per_s=rate if fits else None, stage="" if fits else "steps")]
+    return FrontierRow(privatizer, "cpu", 4 if fits else 0, peak, rate if fits else None, 4, peak,
+                       rate if fits else None, INTERPRETER, not fits, "" if fits else "out of memory at batch 1",
                        trials=trials)
 
 
-def write(tmp_path, rows: list[FrontierRow], size: str = "350m"):
+def write(tmp_path, rows: list[FrontierRow], size: str = "350m", overrides: list[str] | None = None):
     folder = tmp_path / "frontier" / f"opt_{size}_cpu"
     folder.mkdir(parents=True)
+    overrides = overrides or ["model=opt", f"model.size={size}", "data.max_length=32", "optimizer=adam"]
     (folder / "frontier.json").write_text(json.dumps({
-        "overrides": ["model=opt", f"model.size={size}", "data.max_length=32", "optimizer=adam"], "cap_mb": 20480.0,
+        "overrides": overrides, "cap_mb": 20480.0,
         "device": "cpu", "device_name": "CPU", "fixed_batch": 4, "steps_per_trial": 4, "wall_s": 600.0,
         "rows": [asdict(r) for r in rows]}))
     return "\n".join(scale_section(tmp_path / "frontier"))
@@ -80,3 +81,35 @@ def test_rewriting_the_section_keeps_the_rest_of_the_leaderboard(tmp_path):
     text = (tmp_path / "leaderboard.md").read_text()
     assert text.startswith("# dpbench leaderboard\n\n## Results per task\n\ncells\n\n## Claims at scale")
     assert text.count("## Claims at scale") == 1 and "holds here" in text
+
+
+@pytest.mark.parametrize(("jl_rate", "jl_peak", "speed", "memory"), [
+    (4.0, 1300.0, "holds here", "holds here"),  # twice the baseline's speed; 900 / 800 MB above the interpreter
+    (0.5, 1300.0, "**does not hold here**", "holds here"),
+    (4.0, 2400.0, "holds here", "**does not hold here**"),  # 2000 / 800 = 2.5x non-private
+])
+def test_jl_is_judged_on_speed_against_materialized_and_memory_against_nonprivate(tmp_path, jl_rate, jl_peak, speed,
+                                                                                   memory):
+    text = write(tmp_path, [row("nonprivate", 1200.0, 10**6, 8.0), row("vanilla", 1300.0, 10**6, 3.0),
+                            row("materialized", 3000.0, 10**6, 2.0), row("jl_r5", jl_peak, 10**6, jl_rate)],
+                 overrides=["model=lstm", "optimizer=adam"])
+    sentence = next(line for line in text.splitlines() if line.startswith("- DP-Adam-JL (r=5)'s claims"))
+    assert f"{2.0 / jl_rate:.2f}x the materialized baseline's time" in sentence
+    assert f"{(jl_peak - INTERPRETER) / 800.0:.2f}x non-private Adam's 800 MB" in sentence
+    assert sentence.endswith(f"speed {speed}, memory {memory}.")
+    assert "### lstm\n" in text and "Bu et al. 2021, Table 2" in text
+
+
+@pytest.mark.parametrize(("sparse_rate", "sparse_peak", "verdict"), [
+    (10.0, 1000.0, "holds here"),
+    (5.0, 1000.0, "**does not hold here**"),  # 2x DP-SGD's step time
+    (10.0, 2000.0, "**does not hold here**"),  # 1600 / 600 MB above the interpreter
+])
+def test_sparse_is_judged_on_step_time_and_memory_against_dp_sgd(tmp_path, sparse_rate, sparse_peak, verdict):
+    text = write(tmp_path, [row("vanilla", 1000.0, 10**6, 10.0), row("sparse", sparse_peak, 10**6, sparse_rate)],
+                 overrides=["model=word2vec", "model.vocab_size=20000"])
+    sentence = next(line for line in text.splitlines() if line.startswith("- sparse DP-SGD's premise"))
+    assert f"{10.0 / sparse_rate:.2f}x DP-SGD (ghost norms)'s time" in sentence
+    assert f"{(sparse_peak - INTERPRETER) / 600.0:.2f}x DP-SGD (ghost norms)'s 600 MB" in sentence
+    assert sentence.endswith(f": {verdict}.")
+    assert "### word2vec, vocabulary 20,000" in text and "DP-GRAPE's memory claim" not in text

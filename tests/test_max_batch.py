@@ -71,6 +71,15 @@ def test_a_trial_records_the_process_footprint_apart_from_the_steps_peak():
     assert 0 <= trial.steps_peak_mb < trial.setup_rss_mb / 4
 
 
+@pytest.mark.parametrize("privatizer", ["sparse", "d2p2"])
+def test_a_trial_prepares_what_the_run_fixes_before_its_first_step(privatizer):
+    """Sparse's selection budget and D2P2's noise schedule come from prepare(); a trial that skipped it crashed."""
+    setting = ["model=word2vec", "data=bbc_news", "data.train_size=2000", "privacy.epsilon=30"] \
+        if privatizer == "sparse" else TINY
+    trial = run_trial([*setting, f"privatizer={privatizer}"], 8, cap_mb=8000, steps=2)
+    assert trial.fits and trial.samples_per_s
+
+
 def test_a_cap_below_the_interpreter_is_an_error_naming_the_footprint(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     run = subprocess.run(

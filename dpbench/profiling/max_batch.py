@@ -129,6 +129,7 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
         from dpbench.config import Config, validated
         from dpbench.data import load_data
         from dpbench.models import build_model
+        from dpbench.privacy.accountant import PrivacyAccountant
         from dpbench.privatizers import PrivacySettings, make_strategy
         from dpbench.privatizers.base import StepContext
         from dpbench.profiling.memory import PeakMemory, high_water_mark_mb, resident_mb
@@ -150,6 +151,9 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
         settings = PrivacySettings(typed.privacy.clip_norm, min(1.0, batch_size / len(data.train)), sigma)
         strategy = make_strategy(cfg.privatizer, settings)
         strategy.attach(model)
+        planned = typed.max_steps or typed.epochs * math.ceil(len(data.train) / batch_size)
+        # what the run fixes before its first step besides sigma (sparse's selection budget, D2P2's noise schedule)
+        strategy.prepare(model, planned, typed.privacy.delta, typed.privacy.epsilon, PrivacyAccountant())
         optimizer = strategy.configure_optimizer(model, typed.optimizer)
         index = torch.arange(batch_size) % len(data.train)
         inputs, targets = data.train.__getitems__(index.tolist())

@@ -30,14 +30,22 @@ def _number(value: Any) -> float | None:
         return None
 
 
+def optimizer_of(result: dict[str, Any]) -> str | None:
+    return ((result.get("config") or {}).get("optimizer") or {}).get("name", result.get("optimizer"))
+
+
+def method_of(result: dict[str, Any]) -> str:
+    """The method with its optimizer, e.g. 'DP-SGD': what a figure's colour and marker stand for."""
+    privatizer = ((result.get("config") or {}).get("privatizer") or {}).get("name", result.get("privatizer", "?"))
+    optimizer = optimizer_of(result)
+    return method_label(privatizer, optimizer) if optimizer else privatizer  # a results.json that does not record it
+
+
 def label_of(result: dict[str, Any]) -> str:
     """The method with its optimizer plus the keys that make it a variant, e.g. 'DP-SGD-JL (r=5)'."""
-    config = result.get("config", {}) or {}
-    privatizer = config.get("privatizer", {}) or {}
+    privatizer = (result.get("config") or {}).get("privatizer") or {}
     parts = [f"{short}={privatizer[key]}" for key, short in VARIANT_KEYS.items() if privatizer.get(key) is not None]
-    name = privatizer.get("name", result.get("privatizer", "?"))
-    optimizer = (config.get("optimizer") or {}).get("name")
-    method = method_label(name, optimizer) if optimizer else name  # a results.json that does not record it
+    method = method_of(result)
     return f"{method} ({', '.join(parts)})" if parts else method
 
 
@@ -46,9 +54,13 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
     privatizer = result.get("config", {}).get("privatizer", {}) or {}
     return {
         "label": label_of(result),
+        "method": method_of(result),
+        "optimizer": optimizer_of(result),
         "privatizer": result.get("privatizer"),
         "private": result.get("private", result.get("privatizer") != "nonprivate"),
         "model": result.get("model"),
+        "model_size": (result.get("config", {}).get("model") or {}).get("size"),
+        "parameters": result.get("parameters"),
         "data": result.get("data"),
         "epsilon": _number(result.get("epsilon")),
         "target_epsilon": _number(result.get("target_epsilon")),
@@ -80,8 +92,19 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
-# Keys that differ between runs without making them different configurations.
-NOT_SWEPT = {"seed", "hydra", "logger.group", "logger.tags", "experiment_name", "resume"}
+# Keys that differ between runs without making them different configurations: the seeds, and where a run is logged.
+NOT_SWEPT = {"seed", "privacy.seed", "hydra", "logger.group", "logger.tags", "experiment_name", "resume"}
+
+
+def unswept(key: str) -> bool:
+    return key in NOT_SWEPT or key.split(".")[0] in NOT_SWEPT
+
+
+def configuration_of(row: dict[str, Any]) -> tuple:
+    """Every config key but the seeds: runs that share it are repeats of one configuration, and only they are
+    averaged (a non-private run at another epsilon is another configuration, though it trains alike)."""
+    keys = sorted(k for k in row["config"] if not unswept(k))
+    return (tuple((k, repr(row["config"][k])) for k in keys), row["label"], row["model"], row["data"])
 
 
 def swept_keys(rows: list[dict[str, Any]]) -> list[str]:
@@ -89,7 +112,7 @@ def swept_keys(rows: list[dict[str, Any]]) -> list[str]:
     keys = sorted({k for row in rows for k in row["config"]})
     varying = []
     for key in keys:
-        if key in NOT_SWEPT or key.split(".")[0] in NOT_SWEPT:
+        if unswept(key):
             continue
         if len({repr(row["config"].get(key)) for row in rows}) > 1:
             varying.append(key)

@@ -1,7 +1,9 @@
-"""The report's figures, built from its table (one entry per distinct configuration, see build.summarize).
+"""The report's figures, built from its table (one entry per configuration, see dpbench.report.table), one set per
+task (model and data set), each titled with the task and its scale.
 
-A figure never merges configurations silently: a line joins only entries that differ in its x axis alone, a bar is
-one configuration, and every line or bar is labelled with what sets it apart from the others.
+A figure never merges configurations: a line joins only entries that differ in its x axis alone, a bar is one
+configuration, and every line or bar is labelled with its method and what else sets it apart. Each method keeps its
+colour and marker (dpbench.report.style); points carry their 95% interval over seeds.
 """
 
 from __future__ import annotations
@@ -9,6 +11,8 @@ from __future__ import annotations
 import math
 import textwrap
 from collections import defaultdict
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -16,141 +20,201 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
-from dpbench.report.collect import VARIANT_KEYS  # noqa: E402
+from dpbench.report.labels import Task, legend_of, task_of, task_slug, task_title  # noqa: E402
+from dpbench.report.style import style_of  # noqa: E402
 
-SHORT = {"privacy.epsilon": "ε", "privacy.noise_multiplier": "σ", "batch_size": "B"}
 # What sets the spent epsilon: a line of the metric-vs-epsilon plot runs along these.
-EPSILON_KEYS = {"privacy.epsilon", "privacy.noise_multiplier"}
+EPSILON_KEYS = frozenset({"privacy.epsilon", "privacy.noise_multiplier"})
+FIGURES = ("metric_vs_epsilon", "memory_vs_batch", "samples_per_s", "epsilon_vs_jl_dimension")
 LABEL_WIDTH = 48  # characters per line of a bar label before it wraps
+LINESTYLES = ("-", "--", ":", "-.")  # several lines of one method (other batch sizes, learning rates, ...)
+HATCHES = ("", "//", "..", "xx", "\\\\")
+THROUGHPUT_NOTE = ("samples/s: bar = mean over seeds, whisker = 95% interval over seeds\n"
+                   "(each run records one samples/s, over its steps after the warm-up)")
 
 
-def _short(key: str) -> str:
-    return SHORT.get(key, key.removesuffix(".name"))
+@dataclass(frozen=True)
+class Point:
+    x: float
+    y: float
+    interval: tuple[float, float] | None
 
 
-def _value(value: Any) -> str:
-    return f"{value:g}" if isinstance(value, float) else str(value)
+@dataclass(frozen=True)
+class Series:
+    label: str
+    method: str
+    points: list[Point]
 
 
-def distinguishing_keys(table: list[dict[str, Any]]) -> list[str]:
-    """Swept keys that tell entries apart: privatizer keys only where they vary under one privatizer name (keys
-    that exist for one privatizer and not another say nothing the privatizer's name does not)."""
-    keys = sorted({k for entry in table for k in entry["axes"]})
-    by_name: dict[Any, list[dict[str, Any]]] = defaultdict(list)
-    for entry in table:
-        by_name[entry["config"].get("privatizer.name", entry["label"])].append(entry)
-    shown = []
-    for key in keys:
-        if key == "privatizer.name" or key.removeprefix("privatizer.") in VARIANT_KEYS:
-            continue  # in the privatizer's label
-        if key.startswith("privatizer.") and all(
-                len({repr(e["config"].get(key)) for e in group}) < 2 for group in by_name.values()):
-            continue
-        shown.append(key)
-    return shown
-
-
-def describe(entry: dict[str, Any], keys: list[str], exclude: set[str] = frozenset()) -> str:
-    """'jl(r=5), ε=3, B=256': the privatizer with its variant keys, then each distinguishing key not excluded.
-    A non-private entry shows no privacy.* key: none of them changes what it trains."""
-    config = entry["config"]
-    name = config.get("privatizer.name")
-    if name is None:
-        head = entry["label"]
-    else:
-        variants = [f"{short}={_value(config[f'privatizer.{key}'])}" for key, short in VARIANT_KEYS.items()
-                    if config.get(f"privatizer.{key}") is not None and f"privatizer.{key}" not in exclude]
-        head = f"{name}({', '.join(variants)})" if variants else str(name)
-    parts = [head]
-    for key in keys:
-        if key in exclude or (not entry["private"] and key.startswith("privacy.")):
-            continue
-        parts.append(f"{_short(key)}={_value(config.get(key))}")
-    return ", ".join(parts)
+@dataclass(frozen=True)
+class Bar:
+    label: str
+    method: str
+    value: float
+    interval: tuple[float, float] | None
+    seeds: int
 
 
 def _finite(value: Any) -> bool:
     return value is not None and math.isfinite(value)
 
 
-def line_series(table: list[dict[str, Any]], x: str, y: str, exclude: set[str],
-                private_only: bool = False) -> dict[str, list[tuple]]:
-    """Points (x, y) per line; a line is every entry with the same description once `exclude` (the keys that move
-    an entry along x) is left out."""
-    keys = distinguishing_keys(table)
-    series: dict[str, list[tuple[float, float]]] = defaultdict(list)
-    for entry in table:
+def line_series(entries: list[dict[str, Any]], x: str, y: str, exclude: frozenset[str],
+                private_only: bool = False) -> list[Series]:
+    """Points (x, y, interval of y) per line; a line is every entry with the same description once `exclude` (the
+    keys that move an entry along x) is left out."""
+    legend = legend_of(entries)
+    lines: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for entry in entries:
         if (entry["private"] or not private_only) and _finite(entry[x]) and _finite(entry[y]):
-            series[describe(entry, keys, exclude)].append((entry[x], entry[y]))
-    return {label: sorted(points) for label, points in sorted(series.items())}
+            lines[legend.label(entry, exclude)].append(entry)
+    return [Series(label, members[0]["method"],
+                   sorted((Point(e[x], e[y], e.get(f"{y}_ci95")) for e in members), key=lambda p: p.x))
+            for label, members in sorted(lines.items())]
 
 
-def nonprivate_baselines(table: list[dict[str, Any]]) -> dict[str, float]:
-    """Test metric of each non-private configuration: the ceiling the private lines are read against."""
-    keys = distinguishing_keys(table)
-    return {describe(e, keys, EPSILON_KEYS): e["test_value"] for e in table
-            if not e["private"] and _finite(e["test_value"])}
+def nonprivate_baselines(entries: list[dict[str, Any]]) -> list[Series]:
+    """Test metric of each non-private configuration: the ceiling its task's private lines are read against."""
+    legend = legend_of(entries)
+    return [Series(legend.label(e), e["method"], [Point(math.nan, e["test_value"], e.get("test_value_ci95"))])
+            for e in entries if not e["private"] and _finite(e["test_value"])]
 
 
-def throughput_bars(table: list[dict[str, Any]]) -> list[tuple[str, float]]:
+def throughput_bars(entries: list[dict[str, Any]]) -> list[Bar]:
     """One bar per configuration (never a mean over epsilons or batch sizes), in table order."""
-    keys = distinguishing_keys(table)
-    return [(describe(e, keys), e["samples_per_s"]) for e in table if _finite(e["samples_per_s"])]
+    legend = legend_of(entries)
+    return [Bar(legend.label(e), e["method"], e["samples_per_s"], e.get("samples_per_s_ci95"), e["seeds"])
+            for e in entries if _finite(e["samples_per_s"])]
 
 
-def draw_lines(series: dict[str, list[tuple]], xlabel: str, ylabel: str, baselines: dict[str, float] | None = None,
+def _repeat_index(methods: list[str]) -> list[int]:
+    """0 for a method's first line or bar, 1 for its second, ...: what tells lines of one colour apart."""
+    seen: dict[str, int] = defaultdict(int)
+    index = []
+    for method in methods:
+        index.append(seen[method])
+        seen[method] += 1
+    return index
+
+
+def _whiskers(axes: Axes, xs: list[float], ys: list[float], items: Sequence[Point | Bar], colour: Any,
+              along_x: bool = False) -> None:
+    """The 95% interval of each item that has one (an item of one seed has none, and gets no whisker)."""
+    shown = [(x, y, item.interval) for x, y, item in zip(xs, ys, items, strict=True) if item.interval]
+    if not shown:
+        return
+    below = [(x if along_x else y) - low for x, y, (low, _) in shown]
+    above = [high - (x if along_x else y) for x, y, (_, high) in shown]
+    axes.errorbar([x for x, _, _ in shown], [y for _, y, _ in shown], fmt="none", ecolor=colour, capsize=3,
+                  **{"xerr" if along_x else "yerr": [below, above]})
+
+
+def _axes(title: str, what: str, size: tuple[float, float] = (6, 4)) -> tuple[Figure, Axes]:
+    figure, axes = plt.subplots(figsize=size)
+    axes.set_title(f"{title}\n{what}", fontsize=10)
+    return figure, axes
+
+
+def _legend_outside(axes: Axes) -> None:
+    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+
+
+def draw_lines(series: list[Series], title: str, xlabel: str, ylabel: str, baselines: Sequence[Series] = (),
                logy: bool = False) -> Figure:
-    figure, axes = plt.subplots(figsize=(6, 4))
-    for label, points in series.items():
-        axes.plot([p[0] for p in points], [p[1] for p in points], marker="o", label=label)
-    for label, value in (baselines or {}).items():
-        axes.axhline(value, linestyle="--", color="gray", label=f"{label} (no privacy)")
+    spread = any(p.interval for line in [*series, *baselines] for p in line.points)
+    figure, axes = _axes(title, f"{ylabel} vs {xlabel}" + (" (mean and 95% interval over seeds)" if spread else ""))
+    for line, repeat in zip(series, _repeat_index([s.method for s in series]), strict=True):
+        style = style_of(line.method)
+        xs, ys = [p.x for p in line.points], [p.y for p in line.points]
+        axes.plot(xs, ys, marker=style.marker, color=style.colour, linestyle=LINESTYLES[repeat % len(LINESTYLES)],
+                  label=line.label)
+        _whiskers(axes, xs, ys, line.points, style.colour)
+    for baseline, repeat in zip(baselines, _repeat_index([b.method for b in baselines]), strict=True):
+        style = style_of(baseline.method)
+        (point,) = baseline.points
+        axes.axhline(point.y, linestyle=LINESTYLES[1 + repeat % (len(LINESTYLES) - 1)], color=style.colour,
+                     label=baseline.label)
+        if point.interval:
+            axes.axhspan(*point.interval, color=style.colour, alpha=0.1, linewidth=0)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
     if logy:
         axes.set_yscale("log")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    _legend_outside(axes)
     return figure
 
 
-def draw_bars(bars: list[tuple[str, float]], xlabel: str) -> Figure:
-    """Horizontal bars: labels read left to right at any length, and the figure grows with them."""
-    labels = [textwrap.fill(label, LABEL_WIDTH, break_long_words=False) for label, _ in bars]
+def draw_bars(bars: list[Bar], title: str) -> Figure:
+    """Horizontal bars in each method's colour: labels read left to right at any length, and the figure grows with
+    them; each bar is annotated with its mean and number of seeds, after its whisker."""
+    labels = [textwrap.fill(bar.label, LABEL_WIDTH, break_long_words=False) for bar in bars]
     lines = sum(label.count("\n") + 1 for label in labels)
     widest = max((len(line) for label in labels for line in label.splitlines()), default=0)
-    figure, axes = plt.subplots(figsize=(4.5 + 0.075 * widest, 1.2 + 0.32 * lines))
-    container = axes.barh(range(len(bars)), [value for _, value in bars])
+    figure, axes = _axes(title, "throughput", (5.5 + 0.075 * widest, 2.0 + 0.32 * lines))
+    values = [bar.value for bar in bars]
+    container = axes.barh(range(len(bars)), values, color=[style_of(bar.method).colour for bar in bars])
+    _whiskers(axes, values, list(range(len(bars))), bars, "black", along_x=True)
+    for patch, repeat in zip(container.patches, _repeat_index([bar.method for bar in bars]), strict=True):
+        patch.set_hatch(HATCHES[repeat % len(HATCHES)])
     axes.set_yticks(range(len(bars)), labels, fontsize=8)
     axes.invert_yaxis()
-    axes.bar_label(container, fmt="%.4g", fontsize=8, padding=2)
-    axes.margins(x=0.15)
-    axes.set_xlabel(xlabel)
+    for index, bar in enumerate(bars):  # after the whisker, not under it
+        end = bar.interval[1] if bar.interval else bar.value
+        axes.annotate(f"{bar.value:.4g} (n={bar.seeds})", (end, index), xytext=(4, 0), textcoords="offset points",
+                      va="center", fontsize=8)
+    axes.margins(x=0.25)
+    axes.set_xlim(left=0)  # an interval below zero samples/s is only the few seeds' wide t-interval
+    axes.set_xlabel(THROUGHPUT_NOTE, fontsize=8)
     axes.grid(axis="x", alpha=0.3)
     figure.tight_layout()
     return figure
 
 
-def report_figures(table: list[dict[str, Any]]) -> dict[str, Figure]:
-    """File name -> figure for each plot the table has data for; the caller saves and closes them."""
+def task_figures(title: str, entries: list[dict[str, Any]]) -> dict[str, Figure]:
+    """Figure name -> figure for each plot this task has data for (memory and JL only when they vary)."""
     figures = {}
-    metric = table[0]["test_metric"] if table else "metric"
-    accuracy = line_series(table, "epsilon", "test_value", EPSILON_KEYS, private_only=True)
-    baselines = nonprivate_baselines(table)
+    metric = entries[0]["test_metric"]
+    accuracy = line_series(entries, "epsilon", "test_value", EPSILON_KEYS, private_only=True)
+    baselines = nonprivate_baselines(entries)
     if accuracy or baselines:
-        figures["metric_vs_epsilon.png"] = draw_lines(accuracy, "epsilon (spent)", f"test {metric}", baselines)
-    memory = line_series(table, "batch_size", "peak_memory_mb", {"batch_size"})
-    if memory:
-        figures["memory_vs_batch.png"] = draw_lines(memory, "batch size", "peak memory (MB)")
-    bars = throughput_bars(table)
+        figures["metric_vs_epsilon"] = draw_lines(accuracy, title, "epsilon (spent)", f"test {metric}", baselines)
+    if len({e["batch_size"] for e in entries if e["batch_size"] is not None}) > 1:
+        memory = line_series(entries, "batch_size", "peak_memory_mb", frozenset({"batch_size"}))
+        if memory:
+            figures["memory_vs_batch"] = draw_lines(memory, title, "batch size", "peak memory (MB)")
+    bars = throughput_bars(entries)
     if bars:
-        figures["samples_per_s.png"] = draw_bars(bars, "samples/s")
-    jl = line_series(table, "projections", "epsilon", {"privatizer.projections"})
-    if jl:
-        figures["epsilon_vs_jl_dimension.png"] = draw_lines(jl, "JL dimension r", "epsilon", logy=True)
+        figures["samples_per_s"] = draw_bars(bars, title)
+    if len({e["projections"] for e in entries if _finite(e["projections"])}) > 1:
+        jl = line_series(entries, "projections", "epsilon", frozenset({"privatizer.projections"}))
+        figures["epsilon_vs_jl_dimension"] = draw_lines(jl, title, "JL dimension r", "epsilon", logy=True)
     return figures
+
+
+def report_figures(table: list[dict[str, Any]]) -> dict[str, Figure]:
+    """File name -> figure: one set per task, so each task's baseline stays on its own axes. A report of one task
+    names them `metric_vs_epsilon.png`, ...; of several, `metric_vs_epsilon_<model>_<data>.png`, ..."""
+    tasks: dict[Task, list[dict[str, Any]]] = defaultdict(list)
+    for entry in table:
+        tasks[task_of(entry)].append(entry)
+    figures = {}
+    for task, entries in tasks.items():
+        suffix = "" if len(tasks) == 1 else f"_{task_slug(task)}"
+        for name, figure in task_figures(task_title(task, entries), entries).items():
+            figures[f"{name}{suffix}.png"] = figure
+    return figures
+
+
+def remove_old_figures(directory: Path) -> None:
+    """A report's figures replace the previous report's, whose task names may differ: none is left to mislead."""
+    for name in FIGURES:
+        for path in directory.glob(f"{name}*.png"):
+            path.unlink()
 
 
 def save_figure(figure: Figure, path: Path) -> Path:
