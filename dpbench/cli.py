@@ -9,7 +9,7 @@ from pathlib import Path
 import hydra
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from dpbench.cli_errors import from_the_job, one_line_errors
 from dpbench.config import register_schemas
@@ -46,15 +46,17 @@ def _objective(cfg: DictConfig) -> float | None:
     mode = cfg.profiler.fresh_process
     if mode not in ("always", "multirun", "never"):
         raise ConfigurationError(f"profiler.fresh_process must be always, multirun or never, got {mode!r}")
-    if mode == "always" or (mode == "multirun" and hydra_config.mode == RunMode.MULTIRUN):
+    sweep_dir = Path(hydra_config.sweep.dir) if hydra_config.mode == RunMode.MULTIRUN else None
+    if mode == "always" or (mode == "multirun" and sweep_dir is not None):
         from dpbench.job_process import run_in_fresh_process
         from dpbench.results import read_results
 
-        run_in_fresh_process(cfg, run_dir)
+        job_logging = OmegaConf.to_container(hydra_config.job_logging, resolve=True)
+        run_in_fresh_process(cfg, run_dir, sweep_dir, job_logging)
         return objective_value(read_results(run_dir))
     from dpbench.run import run_experiment
 
-    return objective_value(run_experiment(cfg, run_dir))
+    return objective_value(run_experiment(cfg, run_dir, sweep_dir))
 
 
 def _redact_privacy_seed(hydra_config: DictConfig) -> None:

@@ -7,6 +7,7 @@ raise: `ConfigurationError`, `RunInterrupted`, or a RuntimeError with the job's 
 
 from __future__ import annotations
 
+import logging.config
 import multiprocessing
 import os
 import signal
@@ -25,7 +26,8 @@ def _raise_interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt(signum)
 
 
-def _child(container: dict, run_dir: str, outcome: multiprocessing.Queue, relayed: Any) -> None:
+def _child(container: dict, run_dir: str, sweep_dir: str | None, job_logging: dict | None,
+           outcome: multiprocessing.Queue, relayed: Any) -> None:
     os.setpgrp()  # out of the terminal's process group: signals come from the launcher only, once each
     for signum in STOP_SIGNALS:
         signal.signal(signum, signal.SIG_IGN)  # drops one still pending from the group (the mask may be inherited)
@@ -34,9 +36,11 @@ def _child(container: dict, run_dir: str, outcome: multiprocessing.Queue, relaye
     try:
         if relayed.value:  # relayed while this process still ignored it
             raise KeyboardInterrupt(relayed.value)
+        if job_logging:  # the launcher's Hydra job logging (console filter, the job's dpbench.log), here too
+            logging.config.dictConfig(job_logging)
         from dpbench.run import run_experiment
 
-        run_experiment(OmegaConf.create(container), Path(run_dir))
+        run_experiment(OmegaConf.create(container), Path(run_dir), Path(sweep_dir) if sweep_dir else None)
     except ConfigurationError as error:
         outcome.put(("config", str(error)))
         sys.exit(2)
@@ -53,13 +57,17 @@ def _child(container: dict, run_dir: str, outcome: multiprocessing.Queue, relaye
         sys.exit(1)
 
 
-def run_in_fresh_process(cfg: DictConfig, run_dir: Path) -> None:
-    """Run the job in a new process; raises what the run raised there."""
+def run_in_fresh_process(
+    cfg: DictConfig, run_dir: Path, sweep_dir: Path | None = None, job_logging: dict | None = None,
+) -> None:
+    """Run the job in a new process; raises what the run raised there. job_logging: the logging.config dict the
+    job logs with (Hydra's job_logging, resolved), which a spawned process does not inherit."""
     context = multiprocessing.get_context("spawn")
     outcome = context.Queue()
     relayed = context.RawValue("i", 0)
     container = OmegaConf.to_container(cfg, resolve=True)
-    process = context.Process(target=_child, args=(container, str(run_dir), outcome, relayed))
+    sweep = str(sweep_dir) if sweep_dir is not None else None
+    process = context.Process(target=_child, args=(container, str(run_dir), sweep, job_logging, outcome, relayed))
     with RELAY.running(process, relayed):
         process.join()
         received = RELAY.received or relayed.value

@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import math
 import os
-import re
 import secrets
 import signal
 import time
@@ -17,7 +16,7 @@ from typing import Any
 import lightning as L
 import torch
 from lightning.fabric.utilities.exceptions import MisconfigurationException
-from lightning.pytorch.loggers import Logger, WandbLogger
+from lightning.pytorch.loggers import Logger
 from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 from torch import nn
@@ -38,12 +37,14 @@ from dpbench.privatizers.per_sample import PerSampleMismatch
 from dpbench.profiling import ProfilerCallback
 from dpbench.redaction import SECRET, public_config
 from dpbench.results import RESULTS_FILE, summary_text, write_json_atomic
+from dpbench.run_output import drop_lightning_console, library_warnings_to_log
 from dpbench.training.callbacks import EpsilonLogger
 from dpbench.training.checkpoint_io import AtomicCheckpointIO
 from dpbench.training.checkpointing import PeriodicCheckpoint, StopSignals
 from dpbench.training.csv_history import HistoryCSVLogger
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
+from dpbench.training.progress import RunProgressBar, shows_progress
 from dpbench.training.resume import (
     SavedRun,
     check_resume,
@@ -53,6 +54,7 @@ from dpbench.training.resume import (
     read_saved_run,
     resume_mode,
 )
+from dpbench.wandb_run import finish_wandb, wandb_logger
 
 log = logging.getLogger(__name__)
 LEDGER_FILE = "privacy_ledger.json"
@@ -75,41 +77,15 @@ def _steps_within_budget(typed: Config, plan: PrivacyPlan, strategy: PrivatizerS
     return budget
 
 
-def _run_name(cfg: DictConfig, method: str, tags: list[str]) -> str:
-    """The method with its optimizer first; unique within an epsilon, batch-size or learning-rate sweep, so W&B
-    runs of one sweep do not collide."""
-    privacy = cfg.privacy
-    if tags[0] == "nonprivate":
-        budget = "nonprivate"
-    elif privacy.noise_multiplier is not None:
-        budget = f"sigma{privacy.noise_multiplier:g}"
-    else:
-        budget = f"eps{privacy.epsilon:g}"
-    slug = re.sub(r"[^A-Za-z0-9.]+", "-", method).strip("-")
-    return f"{slug}-{tags[1]}-{tags[2]}-{budget}-b{cfg.batch_size}-lr{cfg.optimizer.lr:g}-s{cfg.seed}"
-
-
 def _loggers(
     cfg: DictConfig, run_dir: Path, method: str, tags: list[str], saved: SavedRun | None, wandb_id: str | None,
+    sweep_dir: Path | None,
 ) -> list[Logger]:
     loggers: list[Logger] = []
     if cfg.logger.csv:
         loggers.append(HistoryCSVLogger(str(run_dir), saved.log_step if saved else None))
     if wandb_id is not None:
-        loggers.append(
-            WandbLogger(
-                project=cfg.logger.project,
-                entity=cfg.logger.entity,
-                group=cfg.logger.group or cfg.experiment_name,
-                tags=[method, *tags, f"optimizer={cfg.optimizer.name}", *cfg.logger.tags],
-                save_dir=str(run_dir),
-                mode=os.environ.get("WANDB_MODE", "offline"),
-                name=_run_name(cfg, method, tags),
-                config=public_config(cfg),
-                id=wandb_id,
-                resume="allow",
-            )
-        )
+        loggers.append(wandb_logger(cfg, run_dir, method, tags, wandb_id, sweep_dir))
     return loggers
 
 
@@ -164,6 +140,7 @@ def _trainer(
     typed: Config, callbacks: list[L.Callback], loggers: list[Logger], max_steps: int, run_dir: Path,
 ) -> L.Trainer:
     accelerator = typed.trainer.accelerator
+    progress = shows_progress(typed.trainer.enable_progress_bar)
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigurationError(
             f"trainer.accelerator={accelerator} but this machine has no CUDA GPU visible to torch "
@@ -179,9 +156,9 @@ def _trainer(
             max_epochs=-1 if typed.max_steps else typed.epochs,
             max_steps=max_steps,
             logger=loggers or False,
-            callbacks=callbacks,
+            callbacks=[*callbacks, RunProgressBar()] if progress else callbacks,
             enable_checkpointing=False,  # PeriodicCheckpoint writes them
-            enable_progress_bar=typed.trainer.enable_progress_bar,
+            enable_progress_bar=progress,  # Lightning's per-epoch bars never: ours covers the run, on a terminal
             enable_model_summary=False,
             log_every_n_steps=typed.trainer.log_every_n_steps,
             check_val_every_n_epoch=typed.trainer.check_val_every_n_epoch,
@@ -207,9 +184,16 @@ def _with_saved_noise(cfg: DictConfig, saved: SavedRun) -> DictConfig:
 def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
 
-def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
-    """Train, test and write results.json in run_dir; returns the results."""
-    run_dir = Path(run_dir)
+
+def run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None = None) -> dict[str, Any]:
+    """Train, test and write results.json in run_dir; returns the results. sweep_dir: the multirun this run is a
+    job of (W&B groups the sweep's runs by it)."""
+    drop_lightning_console()
+    with library_warnings_to_log():
+        return _run_experiment(cfg, Path(run_dir), sweep_dir)
+
+
+def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> dict[str, Any]:
     run_dir.mkdir(parents=True, exist_ok=True)
     checkpoint = checkpoint_path(run_dir)
     finished = finished_results(run_dir) if resume_mode(cfg.resume) != "false" else None
@@ -257,7 +241,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
             {"plan": frozen_plan, "config": public_config(cfg), "wandb_id": wandb_id},
         )
         callbacks.append(checkpointing)
-    trainer = _trainer(typed, callbacks, _loggers(cfg, run_dir, method, tags, saved, wandb_id), budget_steps, run_dir)
+    trainer = _trainer(typed, callbacks, _loggers(cfg, run_dir, method, tags, saved, wandb_id, sweep_dir),
+                       budget_steps, run_dir)
     saved_to = checkpoint if checkpointing else None
     started = time.perf_counter()
     with warnings.catch_warnings(), signals:
@@ -295,6 +280,8 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
         "privatizer": strategy.name,
         "optimizer": typed.optimizer.name,
         "model": cfg.model.name,
+        "parameters": sum(p.numel() for p in model.parameters()),
+        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
         "data": data.name,
         "private": plan.private,
         "epsilon": report.epsilon if report else None,
@@ -360,8 +347,10 @@ def run_experiment(cfg: DictConfig, run_dir: Path) -> dict[str, Any]:
     if plan.private:
         write_json_atomic(run_dir / LEDGER_FILE, ledger.to_json(strategy.name))
     write_json_atomic(run_dir / RESULTS_FILE, results)
-    _finish_wandb(loggers, results)
+    upload = finish_wandb(loggers, results)
     print(summary_text(results), flush=True)
+    if upload:
+        print(f"W&B run saved offline; to upload it: {upload}", flush=True)
     return results
 
 
@@ -423,15 +412,3 @@ def _outside_guarantee(typed: Config, private: bool) -> list[str]:
                            "norms, clip fractions); turn them off with logger.train_stats=false")
     return released
 
-
-def _finish_wandb(loggers: list[Logger], results: dict[str, Any]) -> None:
-    for logger in loggers:
-        if isinstance(logger, WandbLogger):
-            metric = results["test_metric"]
-            logger.experiment.summary.update({
-                f"final/test_{metric}": results[f"test_{metric}"],  # the last model's: no selection on test data
-                "epsilon": results["epsilon"],
-                "peak_memory_mb": results["peak_memory_mb"],
-                "samples_per_s": results["samples_per_s"],
-            })
-            logger.experiment.finish()

@@ -20,6 +20,7 @@ def test_short_private_run_writes_honest_results(tmp_path):
     out = results(tmp_path)
     assert SCHEMA <= set(out)
     assert out["privatizer"] == "vanilla" and out["model"] == "cnn" and out["data"] == "mnist5k"
+    assert out["parameters"] == out["trainable_parameters"] == 26_010  # the TF-Privacy CNN (Abadi et al.'s count)
     assert out["steps"] == 12 and out["train_size"] == 4000 and out["sampling"] == "poisson"
     assert out["sampling_rate"] == pytest.approx(200 / 4000)
     assert 1.98 <= out["epsilon"] <= 2.0 and out["accountant_method"] == "prv"

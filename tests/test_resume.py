@@ -216,7 +216,8 @@ def test_resume_continues_the_same_wandb_run(tmp_path):
     first = dpbench("max_steps=3", "epochs=1", f"hydra.run.dir={tmp_path}", *FAST, env=env)
     assert first.returncode == 0, first.stderr[-2000:]
     run_id = load_checkpoint(tmp_path / "checkpoints" / "last.ckpt")["dpbench_run"]["wandb_id"]
-    again = dpbench("max_steps=3", "epochs=1", "resume=true", f"hydra.run.dir={tmp_path}", *FAST, env=env)
+    again = dpbench("max_steps=5", "epochs=1", "resume=true", "extend_run=true", f"hydra.run.dir={tmp_path}", *FAST,
+                    env=env)  # a finished run is left as it is: extending it is what continues its W&B run
     assert again.returncode == 0, again.stderr[-2000:]
     runs = sorted(path.name for path in (tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 2 and all(name.endswith(run_id) for name in runs)
