@@ -394,3 +394,12 @@ def test_every_cell_of_the_shipped_suite_composes_into_a_valid_config(profile):
                     assert cfg.optimizer.name == task.optimizer_of(method) and cfg.optimizer.lr == lr
                     composed += 1
     assert composed >= sum(len(task.methods) for task in suite.tasks)
+
+
+def test_every_method_is_labelled_with_the_optimizer_it_runs_with():
+    """`optimizer: task` runs JL and the non-private baseline with each task's optimizer: the label says which."""
+    labels = {task.name: [variant.label for method in task.methods for variant in method.variants()]
+              for task in load_suite("full").tasks}
+    assert "non-private SGD" in labels["cnn_mnist5k"] and "non-private Adam" in labels["vit_mnist5k"]
+    assert "DP-SGD-JL (r=10)" in labels["cnn_mnist5k"] and "DP-Adam-JL (r=10)" in labels["vit_mnist5k"]
+    assert "sparse DP-Adam" in labels["word2vec_bbc_news"] and "D2P-SGD (no projection)" in labels["cnn_mnist5k"]

@@ -9,6 +9,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from dpbench.errors import ConfigurationError
+from dpbench.methods import method_label
 
 
 @dataclass(frozen=True)
@@ -102,11 +103,21 @@ def _method(name: str, spec: dict[str, Any], where: Path) -> Method:
     if optimizer not in ("sgd", "adam", "task"):
         raise ConfigurationError(f"{where}: methods.{name}.optimizer must be sgd, adam or task, got {optimizer!r}")
     return Method(
-        name=name, label=str(spec.get("label", name)), overrides=tuple(spec.get("overrides", [])),
+        name=name, label=str(spec.get("label", "")), overrides=tuple(spec.get("overrides", [])),
         optimizer=optimizer, private=bool(spec.get("private", True)), ladder_key=ladder.get("key"),
         ladder_short=str(ladder.get("short", "")), ladder_values=tuple(ladder.get("values", [])),
         keep=int(ladder.get("keep", 1)),
     )
+
+
+def _labelled(method: Method, task_optimizer: str) -> Method:
+    """A method without a label of its own is named with the optimizer it runs with on the task (non-private SGD,
+    DP-Adam-JL): `optimizer: task` alone would hide which."""
+    if method.label:
+        return method
+    privatizer = next((o.split("=", 1)[1] for o in method.overrides if o.startswith("privatizer=")), method.name)
+    optimizer = task_optimizer if method.optimizer == "task" else method.optimizer
+    return replace(method, label=method_label(privatizer, optimizer))
 
 
 def load_suite(profile: str, path: Path | None = None) -> Suite:
@@ -139,7 +150,8 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
             lr={opt: _pair(bounds, f"{path}: tasks.{task_name}.lr.{opt}") for opt, bounds in spec["lr"].items()},
             clip=_pair(spec["clip"], f"{path}: tasks.{task_name}.clip"),
             validation_size=int(spec["validation_size"]),
-            methods=tuple(methods[m] for m in entry["methods"]), delta=float(spec.get("delta", raw["delta"])),
+            methods=tuple(_labelled(methods[m], spec["optimizer"]) for m in entry["methods"]),
+            delta=float(spec.get("delta", raw["delta"])),
             requires=spec.get("requires"),
             note=spec.get("note"), chance=None if spec.get("chance") is None else float(spec["chance"]),
         ))
