@@ -70,6 +70,17 @@ def _origin(registry: Registry | None, node: dict[str, Any], option: str, change
     return f"plugin ({', '.join(distributions)})"
 
 
+def _dotted(keys: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested nodes (model.lora) as the dotted keys an override types: lora.rank=8."""
+    flat: dict[str, Any] = {}
+    for key, value in keys.items():
+        if isinstance(value, dict):
+            flat.update(_dotted(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
 def component_entry(hydra: Hydra, group: str, option: str) -> Entry:
     """The node `group=option` composes to, merged into its component's dataclass."""
     cfg = hydra.compose_config("config", overrides=[f"{group}={option}", "hydra.mode=RUN"], run_mode=RunMode.RUN)
@@ -80,8 +91,8 @@ def component_entry(hydra: Hydra, group: str, option: str) -> Entry:
     else:
         found, settings = registry.resolve(node)
         schema = found.schema
-    keys = asdict(validated(schema, settings, group))
-    base = OmegaConf.to_container(OmegaConf.structured(schema))
+    keys = _dotted(asdict(validated(schema, settings, group)))
+    base = _dotted(OmegaConf.to_container(OmegaConf.structured(schema)))
     changed = {key: value for key, value in keys.items() if key != "name" and base.get(key) != value}
     return Entry(option, _origin(registry, node, option, changed), {k: v for k, v in keys.items() if k != "name"})
 

@@ -53,6 +53,8 @@ def test_every_group_from_any_directory_with_plugins_presets_and_your_own_config
     assert "gamma=0.01 noise_decay=inverse_sqrt" in _entry(text, "privatizer", "d2p2")
     assert _entry(text, "privatizer", "jl_r5") == "preset of jl: projections=5 projections=5 chunk_size=4"
     assert _entry(text, "model", "cnn") == "built-in activation=tanh padding=3"
+    assert "pooling=model lora.rank=null lora.targets=null lora.alpha=null lora.dropout=0.0" in _entry(
+        text, "model", "minilm")  # a nested node as the dotted keys an override types
     assert "vocab_size=8000 max_length=150" in _entry(text, "data", "rotten_tomatoes")
     assert _entry(text, "data", "mnist5k").startswith("built-in")
     assert "lr=0.001" in _entry(text, "optimizer", "adam") and "betas=[0.9,0.999]" in _entry(text, "optimizer", "adam")

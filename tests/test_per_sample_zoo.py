@@ -161,18 +161,33 @@ def grape(rank: int = 2):
     return make_strategy(config, PrivacySettings(1.0, 0.1, 1.0))
 
 
-@pytest.mark.parametrize("name", ["linear_relu_inplace", "linear_over_tokens_relu_inplace", "keyword_call"])
-def test_grape_projects_exact_per_sample_gradients_through_in_place_ops(name):
+def assert_grape_projects_exact_per_sample_gradients(name: str) -> set[str]:
+    """GRAPE's projected per-sample gradients of a zoo entry against the projected loop; the projected weights."""
     entry, model, batch, reference, _ = setup(name)
     strategy = grape()
     strategy.attach(model)
     projected = strategy.engine.per_sample_gradients(TASK, batch)
     specs = strategy.projections.specs
     assert specs
+    assert set(projected) == set(reference[0])  # the trainable parameters only
     for param_name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
         exact = torch.stack([r[param_name] for r in reference])
         expected = strategy.projections.project(param, exact) if param in specs else exact
         torch.testing.assert_close(projected[param_name], expected, atol=TOLERANCE, rtol=TOLERANCE)
+    return {param_name for param_name, param in model.named_parameters() if param in specs}
+
+
+@pytest.mark.parametrize("name", ["linear_relu_inplace", "linear_over_tokens_relu_inplace", "keyword_call"])
+def test_grape_projects_exact_per_sample_gradients_through_in_place_ops(name):
+    assert_grape_projects_exact_per_sample_gradients(name)
+
+
+def test_grape_projects_exact_per_sample_gradients_of_peft_lora_adapters():
+    """peft's lora_A and lora_B (rank 4 > GRAPE's 2) are projected; their frozen base layers get nothing."""
+    projected = assert_grape_projects_exact_per_sample_gradients("bert_lora")
+    assert {name.rsplit(".", 3)[-3] for name in projected} >= {"lora_A", "lora_B"}
 
 
 @pytest.mark.parametrize("name", ["cat_through_shared_encoder", "time_major_linear_t_equals_b"])

@@ -15,6 +15,7 @@ from transformers import (
 )
 
 from dpbench.models.hf import ImageClassifier, SequenceClassifier
+from dpbench.models.lora import LoRAConfig, add_lora
 
 SIZES = {"hidden_size": 16, "num_hidden_layers": 1, "num_attention_heads": 2, "num_labels": 3}
 TEXT = {**SIZES, "vocab_size": 40, "pad_token_id": 0}
@@ -55,6 +56,19 @@ def bert_mean_pooled():
     return bert(pooling="mean")
 
 
+def bert_lora(targets: tuple[str, ...] = ("query", "value")):
+    """Mean-pooled BERT with peft LoRA adapters (rank 4) through model.lora's add_lora. The adapters are drawn at
+    random: peft starts one of each pair at zero, which would leave its partner's per-sample gradients all zero."""
+    model = bert(pooling="mean")
+    add_lora(model.model, LoRAConfig(rank=4, targets=list(targets), alpha=8.0))
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            if ".lora_" in name:
+                param.copy_(torch.randn(param.shape, generator=generator))
+    return model
+
+
 def opt():
     config = OPTConfig(**TEXT, ffn_dim=24, max_position_embeddings=12, word_embed_proj_dim=16, dropout=0.0,
                        attention_dropout=0.0)
@@ -73,6 +87,7 @@ TRANSFORMERS = {
     "roberta": (roberta, text_batch),
     "bert": (bert, text_batch),
     "bert_mean_pooled": (bert_mean_pooled, text_batch),
+    "bert_lora": (bert_lora, text_batch),
     "opt": (opt, text_batch),
     "gpt2": (gpt2, text_batch),
 }

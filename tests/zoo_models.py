@@ -340,6 +340,9 @@ PATTERNS = {
 
 TRANSFORMERS = {
     "bert": Entry(hf(transformer_models.bert), text, "hooks"),
+    "bert_lora": Entry(hf(transformer_models.bert_lora), text, "hooks"),
+    "bert_lora_embeddings": Entry(hf(partial(transformer_models.bert_lora, ("word_embeddings", "query"))), text,
+                                  "functorch"),  # peft's lora.Embedding uses its ParameterDicts outside any layer call
     "roberta": Entry(hf(transformer_models.roberta), text, "hooks"),
     "gpt2": Entry(hf(transformer_models.gpt2), text, "hooks"),
     "vit": Entry(hf(transformer_models.vit), images, "hooks"),

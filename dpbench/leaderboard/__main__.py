@@ -1,4 +1,5 @@
-"""python -m dpbench.leaderboard [--quick] [--report-only] [--dry-run] [--root DIR] [--docs DIR] [--suite FILE]."""
+"""python -m dpbench.leaderboard [--quick] [--report-only] [--dry-run] [--root DIR] [--docs DIR] [--suite FILE]
+[--private-tuning --plan [--tuning-mean M] [--tuning-shape S] [--score-noise Z]]."""
 
 from __future__ import annotations
 
@@ -14,10 +15,19 @@ import yaml
 
 from dpbench.errors import ConfigurationError
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, LAUNCHER_NAMES, make_launcher
+from dpbench.leaderboard.private_tuning import (
+    DEFAULT_SCORE_NOISE,
+    DEFAULT_SHAPE,
+    PrivateTuning,
+    describe,
+    header,
+    plan_rows,
+)
 from dpbench.leaderboard.report import build, record_invocation
 from dpbench.leaderboard.scale import rewrite as rewrite_scale_section
 from dpbench.leaderboard.schedule import Scheduler
-from dpbench.leaderboard.suite import load_suite
+from dpbench.leaderboard.suite import Suite, load_suite
+from dpbench.privacy.tuning import TrialCount
 
 STOPPED = 128 + signal.SIGTERM
 
@@ -28,7 +38,8 @@ def _stop(signum: int, frame: object) -> None:
 
 
 NOTE = ("Note: each run's epsilon does not count the tuning trials; selecting hyperparameters on private data "
-        "spends privacy that the leaderboard does not include.")
+        "spends privacy that the leaderboard does not include (--private-tuning --plan prints what a private tuning "
+        "would add).")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -53,6 +64,21 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="(task, method) pipelines run at once (default 1: each cell alone on the machine, so its "
                              "speed and memory are its own; raise it on a cluster)")
     parser.add_argument("--dry-run", action="store_true", help="list the cells that the suite would run")
+    parser.add_argument("--private-tuning", action="store_true",
+                        help="Papernot-Steinke private tuning: a random number of trials, noisy validation scores, "
+                             "only the winner released and its privacy counted (with --plan: its epsilon per method; "
+                             "the suite itself still tunes non-privately)")
+    parser.add_argument("--plan", action="store_true",
+                        help="with --private-tuning: print each method's per-run epsilon and its epsilon with private "
+                             "tuning, run no cell")
+    parser.add_argument("--tuning-mean", type=float, default=None,
+                        help="mean number of private tuning trials (default: the profile's trials)")
+    parser.add_argument("--tuning-shape", type=float, default=DEFAULT_SHAPE,
+                        help="law of the number of trials: 0 logarithmic, 1 geometric (default), inf Poisson, another "
+                             "positive number a truncated negative binomial of that shape")
+    parser.add_argument("--score-noise", type=float, default=DEFAULT_SCORE_NOISE,
+                        help="noise multiplier of each trial's validation score, in units of its sensitivity (1/n for "
+                             f"accuracy over n validation examples; default {DEFAULT_SCORE_NOISE:g})")
     return parser.parse_args(argv)
 
 
@@ -69,6 +95,28 @@ def _parameter(text: str) -> tuple[str, object]:
     if not separator or not key:
         raise ConfigurationError(f"--submitit {text!r}: write KEY=VALUE, e.g. --submitit timeout_min=60")
     return key, yaml.safe_load(value)
+
+
+def _private_tuning(args: argparse.Namespace, suite: Suite) -> int:
+    """The private-tuning plan; running the suite with private tuning is refused until the scheduler does it."""
+    if not args.private_tuning:
+        print("dpbench.leaderboard: error: --plan goes with --private-tuning (--dry-run lists the cells)",
+              file=sys.stderr)
+        return 2
+    if not args.plan:
+        print("dpbench.leaderboard: error: --private-tuning runs only with --plan for now (it prints each method's "
+              "epsilon with private tuning): the suite's scheduler still tunes non-privately", file=sys.stderr)
+        return 2
+    try:
+        mean = suite.trials if args.tuning_mean is None else args.tuning_mean
+        tuning = PrivateTuning(TrialCount(mean, args.tuning_shape), args.score_noise)
+    except ConfigurationError as error:
+        print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
+        return 2
+    print(header(suite, tuning), flush=True)
+    for row in plan_rows(suite, tuning):
+        print(describe(row), flush=True)
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -89,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as error:
         print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
         return 2
+    if args.private_tuning or args.plan:
+        return _private_tuning(args, suite)
     root = args.root or Path("outputs") / "leaderboard" / profile
     command = ["python", "-m", "dpbench.leaderboard", *(sys.argv[1:] if argv is None else argv)]
     if args.dry_run:

@@ -5,6 +5,7 @@ base / large, ViT-base; random weights, see dpbench.models.published) or loaded 
 local path; offline unless the environment allows the hub). A wrapper maps dpbench batches (an image tensor, or a
 dict of input_ids and attention_mask) to logits, and passes explicit per-sample position ids where a model would
 otherwise broadcast one (1, T) row over the batch (which would hide per-sample gradients from the hook engine).
+Text models may train peft LoRA adapters and their head only (model.lora, dpbench.models.lora).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from torch import Tensor, nn
 
 from dpbench.data.bundle import DataBundle
 from dpbench.errors import ConfigurationError, MissingDataError
+from dpbench.models.lora import LoRAConfig, add_lora
 from dpbench.models.published import PublishedShape, published_shape
 
 MINILM = "minilm"
@@ -103,6 +105,10 @@ class TextTransformerConfig:
     pooling: str = "model"
     """model: the checkpoint's own head (BERT's [CLS] pooler); mean: the classifier reads the mean of the last hidden
     states over the real tokens, the pooling sentence encoders such as all-MiniLM-L6-v2 were trained with."""
+    lora: LoRAConfig | None = field(default_factory=LoRAConfig)
+    """LoRA adapters through peft (dpbench.models.lora): with a rank, only they and the classification head (the
+    layers outside the base model; BERT's [CLS] pooler is inside it and stays fixed) train, model.freeze may fix more;
+    null, or a null rank: no adapters."""
 
 
 @dataclass
@@ -305,6 +311,7 @@ def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> n
     if config.pretrained:
         model = load_pretrained(AutoModelForSequenceClassification, config.pretrained, num_labels=data.num_classes)
         classifier = SequenceClassifier(model, model.config.model_type in EXPLICIT_POSITIONS, config.pooling)
+        add_lora(model, config.lora)
         freeze_parameters(model, config.freeze)
         return classifier.train()  # from_pretrained hands the model over in eval mode
     if not config.tokenizer.startswith("hf:"):
@@ -316,6 +323,7 @@ def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> n
                                 pad_token_id=pad)
     model = AutoModelForSequenceClassification.from_config(model_config)
     classifier = SequenceClassifier(model, explicit_positions=False, pooling=config.pooling)
+    add_lora(model, config.lora)
     freeze_parameters(model, config.freeze)
     return classifier.train()
 

@@ -1,10 +1,11 @@
 """The run's secret randomness: every draw the accountant treats as secret comes from here, nowhere else.
 
 Poisson sampling, the Gaussian noise, JL directions, D2P2's projections, sparse's selection (and GRAPE's
-projections) all derive from one root, never from the run's public `seed` (initialisation, dropout, data split),
-which results.json, the Hydra config and W&B publish. The root is `privacy.seed`, or, when that is null (the
-default), 128 bits drawn from the operating system at run start and kept only in checkpoints, so that nothing a
-run writes lets anyone regenerate its noise or its batches, and a resumed run continues the streams.
+projections), private tuning's number of trials and noisy scores all derive from one root, never from the run's
+public `seed` (initialisation, dropout, data split), which results.json, the Hydra config and W&B publish. The root
+is `privacy.seed`, or, when that is null (the default), 128 bits drawn from the operating system at run start and
+kept only in checkpoints, so that nothing a run writes lets anyone regenerate its noise or its batches, and a
+resumed run continues the streams.
 
 Each use draws from its own key (root, stream, indices...), so streams never overlap:
 - by default a torch.Generator seeded from numpy's SeedSequence of the key (fast; its security rests on the
@@ -27,7 +28,7 @@ from torch import Tensor
 from dpbench.errors import ConfigurationError
 
 STREAMS = {"sampling": 1, "shuffle": 2, "noise": 3, "jl": 4, "d2p2": 5, "selection": 6, "grape": 7,
-           "verify": 8}
+           "verify": 8, "tuning": 9}
 """Stream identifiers mixed into every key: no two uses of the root share a stream."""
 
 

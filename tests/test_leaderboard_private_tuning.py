@@ -1,0 +1,106 @@
+"""`python -m dpbench.leaderboard --private-tuning --plan` on a tiny suite: every private method's epsilon with tuning,
+from the compositions its cells would run, and no cell run."""
+
+import re
+
+import pytest
+
+from dpbench.leaderboard.__main__ import main
+from dpbench.leaderboard.private_tuning import DEFAULT_SCORE_NOISE, PrivateTuning, plan_rows, run_privacy
+from dpbench.leaderboard.schedule import cell_for, trial_points
+from dpbench.leaderboard.suite import load_suite
+from dpbench.privacy.tuning import TrialCount, tuning_epsilon
+
+TINY = """
+delta: 1.0e-5
+common: [trainer.enable_progress_bar=false, trainer.checkpoint=false, logger.csv=false]
+methods:
+  nonprivate: {label: non-private, overrides: [privatizer=nonprivate], optimizer: task, private: false}
+  dpsgd: {label: DP-SGD, overrides: [privatizer=vanilla], optimizer: sgd}
+  jl: {label: JL, overrides: [privatizer=jl, privatizer.projections=10], optimizer: task}
+tasks:
+  cnn:
+    title: tiny CNN
+    overrides: [model=cnn, data=mnist5k, batch_size=100, max_steps=30]
+    optimizer: sgd
+    lr: {sgd: [0.5, 2.0]}
+    clip: [0.5, 2.0]
+    validation_size: 400
+profiles:
+  tiny:
+    budgets: [1, 3]
+    tune_epsilon: 3
+    trials: 4
+    seeds: [0]
+    tasks:
+      cnn: {methods: [nonprivate, dpsgd, jl]}
+"""
+
+
+@pytest.fixture
+def suite_file(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text(TINY)
+    return path
+
+
+def test_plan_prints_each_private_method_per_run_and_with_tuning_and_runs_no_cell(suite_file, tmp_path, capsys):
+    root = tmp_path / "root"
+    assert main(["--private-tuning", "--plan", "--suite", str(suite_file), "--profile", "tiny", "--root",
+                 str(root)]) == 0
+    out = capsys.readouterr().out
+    assert not root.exists()
+    assert "trials ~ geometric, mean 4" in out  # the profile's trials are the default mean
+    assert "non-private" not in out
+    lines = {budget: line for line in out.splitlines()
+             for budget in ("1", "3") if line.startswith(f"cnn / DP-SGD at epsilon {budget}:")}
+    figures = {}
+    for budget, line in lines.items():
+        match = re.search(r"epsilon ([\d.]+) per run, ([\d.]+) with tuning \(RDP: ([\d.]+) per run, ([\d.]+) the "
+                          r"tuning alone; delta 1e-05; validation score noise std ([\d.]+)\)", line)
+        assert match, line
+        figures[budget] = [float(value) for value in match.groups()]
+    for budget in ("1", "3"):
+        per_run, with_tuning, rdp_per_run, tuning, score_std = figures[budget]
+        assert per_run == pytest.approx(float(budget), abs=0.015)  # calibrated to the budget (PRV)
+        assert rdp_per_run >= per_run  # RDP never below the PRV figure of the same run
+        assert max(tuning, rdp_per_run) < with_tuning < tuning + rdp_per_run
+        assert score_std == pytest.approx(DEFAULT_SCORE_NOISE / 400)
+    assert figures["1"][3] == figures["3"][3]  # the same tuning (at epsilon 3) before each budget's final run
+    jl = [line for line in out.splitlines() if line.startswith("cnn / JL")]
+    assert len(jl) == 1 and jl[0].startswith("cnn / JL: private tuning not accounted: its steps are "
+                                             "subsampled_gaussian_mixture")
+
+
+def test_the_trial_is_the_tuning_cells_run_and_the_final_run_the_test_cells(suite_file):
+    suite = load_suite("tiny", suite_file)
+    task = suite.tasks[0]
+    method = next(m for m in task.methods if m.name == "dpsgd")
+    variant, (lr, clip) = method.variants()[0], trial_points(task, method, 1)[0]
+    trial = run_privacy(cell_for(suite, task, method, variant, "tune", 3, 0, 0, lr, clip).overrides)
+    final = run_privacy(cell_for(suite, task, method, variant, "test", 1, 0, None, lr, clip).overrides)
+    [(trial_step, trial_steps)], [(final_step, final_steps)] = trial.composition, final.composition
+    assert trial_step.sampling_rate == pytest.approx(100 / 3600)  # 4,000 training examples less 400 for validation
+    assert final_step.sampling_rate == pytest.approx(100 / 4000)
+    assert trial_steps == final_steps == 30 and trial.examples == 400
+    assert trial.epsilon == pytest.approx(3, abs=0.01) and final.epsilon == pytest.approx(1, abs=0.01)
+    rows = [row for row in plan_rows(suite, PrivateTuning(TrialCount(4, 1))) if row.label == "DP-SGD"]
+    assert [row.budget for row in rows] == [1.0, 3.0]
+    assert rows[0].accounted == tuning_epsilon(trial.composition, final.composition, TrialCount(4, 1), 1e-5,
+                                               DEFAULT_SCORE_NOISE)
+    longer = [row for row in plan_rows(suite, PrivateTuning(TrialCount(40, 1))) if row.label == "DP-SGD"]
+    assert all(long.accounted.with_tuning > short.accounted.with_tuning
+               for long, short in zip(longer, rows, strict=True))
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--private-tuning"], "runs only with --plan"),
+    (["--plan"], "--plan goes with --private-tuning"),
+    (["--private-tuning", "--plan", "--tuning-mean", "0"], "mean number of tuning trials"),
+    (["--private-tuning", "--plan", "--tuning-shape", "-1"], "shape of the number of tuning trials"),
+    (["--private-tuning", "--plan", "--score-noise", "0"], "--score-noise"),
+])
+def test_bad_private_tuning_options_are_refused_in_one_line(suite_file, capsys, argv, message):
+    assert main([*argv, "--suite", str(suite_file), "--profile", "tiny"]) == 2
+    err = capsys.readouterr().err
+    assert message in err and err.count("\n") == 1

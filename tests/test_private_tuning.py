@@ -1,0 +1,137 @@
+"""Private tuning's accounting against Papernot & Steinke's Theorem 2 computed by hand, and its secret draws."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from scipy import special
+
+from dpbench.errors import ConfigurationError
+from dpbench.privacy.mechanisms import SubsampledGaussian
+from dpbench.privacy.mixture import SubsampledGaussianMixture
+from dpbench.privacy.randomness import PrivacyRandomness
+from dpbench.privacy.tuning import TrialCount, subsampled_gaussian_run, tuning_epsilon
+from dpbench.privacy.tuning_draws import draw_trial_count, noisy_score
+
+DELTA = 1e-5
+TRIAL = (500 / 4500, 2.4, 180)  # (q, sigma, T) of one trial: the CNN task's batch of 500 over 4,500 examples
+FINAL = (0.1, 2.4, 200)  # the final run over all 5,000
+SCORE_SIGMA = 10.0
+MEAN, ETA = 10.0, 0.5
+ORDERS = np.arange(2, 257)
+
+
+def sampled_gaussian_rdp(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
+    """Mironov, Talwar & Zhang (2019): at integer a, exp((a - 1) RDP) = sum_k C(a, k) (1-q)^(a-k) q^k e^((k^2-k)/(2
+    sigma^2))."""
+    out = []
+    for a in orders:
+        k = np.arange(a + 1)
+        log_terms = (special.gammaln(a + 1) - special.gammaln(k + 1) - special.gammaln(a - k + 1)
+                     + (a - k) * math.log1p(-q) + k * math.log(q) + (k * k - k) / (2 * sigma**2))
+        out.append(special.logsumexp(log_terms) / (a - 1))
+    return np.array(out)
+
+
+def theorem2(rdp: np.ndarray, orders: np.ndarray, mean: float, eta: float, gamma: float) -> np.ndarray:
+    """Papernot & Steinke, Theorem 2: RDP at lambda of the best of K ~ TNB(eta, gamma) runs, minimised over the
+    second order lambda-hat."""
+    second = np.min((1 + eta) * (1 - 1 / orders) * rdp + (1 + eta) * math.log(1 / gamma) / orders)
+    return rdp + second + math.log(mean) / (orders - 1)
+
+
+def mironov_epsilon(rdp: np.ndarray, orders: np.ndarray, delta: float) -> float:
+    """The standard conversion (Mironov 2017, Proposition 3)."""
+    return float(np.min(rdp + math.log(1 / delta) / (orders - 1)))
+
+
+def improved_epsilon(rdp: np.ndarray, orders: np.ndarray, delta: float) -> float:
+    """Canonne, Kamath & Steinke (2020), Proposition 12: the conversion dp-accounting applies."""
+    return float(np.min(rdp + np.log1p(-1 / orders) - np.log(delta * orders) / (orders - 1)))
+
+
+def test_composition_matches_theorem_2_computed_by_hand():
+    q, sigma, steps = TRIAL
+    trial = steps * sampled_gaussian_rdp(q, sigma, ORDERS) + ORDERS / (2 * SCORE_SIGMA**2)  # + the noisy score
+    final = FINAL[2] * sampled_gaussian_rdp(FINAL[0], FINAL[1], ORDERS)
+    gamma = ((1 + math.sqrt(1 + 8 * MEAN)) / (4 * MEAN)) ** 2  # eta = 1/2: the mean is (1 + sqrt(gamma)) / (2 gamma)
+    selection = theorem2(trial, ORDERS, MEAN, ETA, gamma)
+
+    ours = tuning_epsilon(subsampled_gaussian_run(*TRIAL), subsampled_gaussian_run(*FINAL), TrialCount(MEAN, ETA),
+                          DELTA, SCORE_SIGMA)
+    by_hand = [improved_epsilon(rdp, ORDERS, DELTA) for rdp in (final, selection, selection + final)]
+    figures = [ours.per_run, ours.tuning, ours.with_tuning]
+    assert figures == pytest.approx(by_hand, rel=1e-6)
+    standard = [mironov_epsilon(rdp, ORDERS, DELTA) for rdp in (final, selection, selection + final)]
+    assert all(figure <= loose for figure, loose in zip(figures, standard, strict=True))
+    # the selection costs far less than its mean number of trials composed
+    composed = improved_epsilon(MEAN * trial + final, ORDERS, DELTA)
+    assert ours.per_run < ours.with_tuning < composed
+
+
+def test_more_trials_and_a_heavier_law_cost_more():
+    trial, final = subsampled_gaussian_run(*TRIAL), subsampled_gaussian_run(*FINAL)
+    few = tuning_epsilon(trial, final, TrialCount(3, 1), DELTA, SCORE_SIGMA).with_tuning
+    many = tuning_epsilon(trial, final, TrialCount(30, 1), DELTA, SCORE_SIGMA).with_tuning
+    logarithmic = tuning_epsilon(trial, final, TrialCount(30, 0), DELTA, SCORE_SIGMA).with_tuning
+    assert few < many and logarithmic < many
+
+
+@pytest.mark.parametrize("mean, shape, message", [
+    (0, 1, "mean number of tuning trials"), (-2, 1, "mean number of tuning trials"),
+    (0.5, math.inf, "mean number of tuning trials"), (math.nan, 1, "mean number of tuning trials"),
+    (10, -0.5, "shape"), (10, math.nan, "shape"), (10, "poisson", "shape"),
+])
+def test_bad_trial_laws_are_refused(mean, shape, message):
+    with pytest.raises(ConfigurationError, match=message):
+        TrialCount(mean, shape)
+
+
+def test_exact_scores_and_unaccountable_runs_are_refused():
+    final = subsampled_gaussian_run(*FINAL)
+    with pytest.raises(ConfigurationError, match="exact score is not private"):
+        tuning_epsilon(subsampled_gaussian_run(*TRIAL), final, TrialCount(10, 1), DELTA, 0.0)
+    jl = [(SubsampledGaussianMixture(0.1, 2.0, 10, 1.0), 100)]
+    with pytest.raises(ConfigurationError, match="subsampled_gaussian_mixture"):
+        tuning_epsilon(jl, final, TrialCount(10, 1), DELTA, SCORE_SIGMA)
+    with pytest.raises(ConfigurationError, match="no private step"):
+        tuning_epsilon([(SubsampledGaussian(0.0, 1.0), 10)], final, TrialCount(10, 1), DELTA, SCORE_SIGMA)
+
+
+@pytest.mark.parametrize("shape", [0, 1, ETA, 3, math.inf])
+def test_trial_counts_come_from_the_secret_randomness_with_the_stated_mean(shape):
+    law = TrialCount(MEAN, shape)
+    torch.manual_seed(0)
+    np.random.seed(0)
+    state = torch.get_rng_state(), np.random.get_state()[1].copy()
+    draws = [draw_trial_count(PrivacyRandomness(seed=11), law, task) for task in range(3000)]
+    assert torch.equal(torch.get_rng_state(), state[0]) and np.array_equal(np.random.get_state()[1], state[1])
+    torch.manual_seed(1)  # another public seed: the same secret draws
+    np.random.seed(1)
+    assert draws == [draw_trial_count(PrivacyRandomness(seed=11), law, task) for task in range(3000)]
+    assert draws != [draw_trial_count(PrivacyRandomness(seed=12), law, task) for task in range(3000)]
+    assert min(draws) >= (0 if shape == math.inf else 1)
+    assert np.mean(draws) == pytest.approx(MEAN, rel=0.15)
+    assert len(set(draws)) > 5  # a random count, not the mean
+
+
+def test_secure_rng_draws_differ_from_the_default_generator_and_repeat():
+    law = TrialCount(MEAN, 1)
+    secure = [draw_trial_count(PrivacyRandomness(seed=5, secure=True), law, k) for k in range(50)]
+    assert secure == [draw_trial_count(PrivacyRandomness(seed=5, secure=True), law, k) for k in range(50)]
+    assert secure != [draw_trial_count(PrivacyRandomness(seed=5), law, k) for k in range(50)]
+
+
+def test_noisy_score_has_the_accounted_scale_and_its_own_key():
+    randomness = PrivacyRandomness(seed=3)
+    scores = np.array([noisy_score(randomness, 0.9, 500, SCORE_SIGMA, trial, 0) for trial in range(4000)])
+    assert scores.mean() == pytest.approx(0.9, abs=0.002)
+    assert scores.std() == pytest.approx(SCORE_SIGMA / 500, rel=0.05)  # sensitivity 1/n times the noise multiplier
+    assert noisy_score(randomness, 0.9, 500, SCORE_SIGMA, 7, 0) == noisy_score(PrivacyRandomness(seed=3), 0.9, 500,
+                                                                               SCORE_SIGMA, 7, 0)
+    assert noisy_score(randomness, 0.9, 500, SCORE_SIGMA, 7, 1) != noisy_score(randomness, 0.9, 500, SCORE_SIGMA, 7, 0)
+    with pytest.raises(ConfigurationError, match="at least one example"):
+        noisy_score(randomness, 0.9, 0, SCORE_SIGMA, 0)
+    with pytest.raises(ConfigurationError, match="noise multiplier"):
+        noisy_score(randomness, 0.9, 500, 0.0, 0)
