@@ -15,7 +15,7 @@ from dpbench.leaderboard.cells import Cell, read_outcome, run_cell
 from dpbench.leaderboard.claims import fmt_value
 from dpbench.leaderboard.launch import LAUNCHERS
 from dpbench.leaderboard.plots import pareto
-from dpbench.leaderboard.schedule import choose, trial_points
+from dpbench.leaderboard.schedule import choose, start_grid
 from dpbench.results import write_json_atomic
 
 TINY = """
@@ -59,7 +59,7 @@ profiles:
   tiny:
     budgets: [1]
     tune_epsilon: 1
-    trials: 1
+    tuning: {lr_points: 1, clip_points: 1, max_growth: 1, each_budget: false}
     seeds: [0]
     tasks:
       cnn: {methods: [nonprivate, dpsgd]}
@@ -142,19 +142,24 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path):
     assert (docs / "leaderboard" / "headline.png").exists()
 
 
-def test_every_method_gets_the_same_trial_points(tmp_path):
-    suite = _suite(tmp_path, TINY.replace("trials: 1", "trials: 4"))
+def test_every_method_searches_the_same_grid_and_non_private_as_many_learning_rates(tmp_path):
+    grid = "tuning: {lr_points: 3, clip_points: 3, max_growth: 4, each_budget: true}"
+    suite = _suite(tmp_path, TINY.replace("tuning: {lr_points: 1, clip_points: 1, max_growth: 1, each_budget: false}",
+                                          grid).replace("cnn: {methods: [nonprivate, dpsgd]}",
+                                                        "cnn: {methods: [nonprivate, dpsgd, jl]}"))
     cnn = suite.tasks[0]
-    nonprivate, dpsgd = cnn.methods
-    private_points, public_points = trial_points(cnn, dpsgd, 4), trial_points(cnn, nonprivate, 4)
-    assert [lr for lr, _ in private_points] == [lr for lr, _ in public_points]
-    assert len({lr for lr, _ in private_points}) == 4 and all(0.5 <= lr <= 2.0 for lr, _ in private_points)
-    assert all(0.5 <= clip <= 2.0 for _, clip in private_points) and {c for _, c in public_points} == {None}
+    nonprivate, dpsgd, jl = cnn.methods
+    private = start_grid(suite, cnn, dpsgd).points()
+    assert private == start_grid(suite, cnn, jl).points() and len(private) == 9 == suite.trials
+    assert sorted({lr for lr, _ in private}) == [0.5, 1.0, 2.0] and sorted({c for _, c in private}) == [0.5, 1.0, 2.0]
+    public = start_grid(suite, cnn, nonprivate).points()
+    assert len(public) == 9 and {c for _, c in public} == {None}
+    assert public[0][0] == 0.5 and public[-1][0] == 2.0  # the same range, as finely
 
 
 def test_every_rung_shown_is_tuned_with_the_same_trials_and_tested_with_its_own_choice(tmp_path):
     """JL at few projections trains to chance: a choice made there would be noise for the larger rung."""
-    text = TINY.replace("values: [1], keep: 1", "values: [1, 2, 10], keep: 2").replace("trials: 1", "trials: 2")
+    text = TINY.replace("values: [1], keep: 1", "values: [1, 2, 10], keep: 2").replace("lr_points: 1", "lr_points: 2")
     suite = _suite(tmp_path, text)
     vit = suite.tasks[1]
     jl = vit.methods[1]
@@ -177,7 +182,7 @@ def test_every_rung_shown_is_tuned_with_the_same_trials_and_tested_with_its_own_
     scheduler = Outcomes(suite, tmp_path / "cells")
     scheduler.run_method(vit, jl)
     tunes = {(c.variant, c.trial): (c.lr, c.clip_norm) for c in scheduler.planned if c.phase == "tune"}
-    points = trial_points(vit, jl, 2)
+    points = start_grid(suite, vit, jl).points()
     assert tunes == {("jl_r1", 0): points[0], ("jl_r2", 0): points[0], ("jl_r2", 1): points[1],
                      ("jl_r10", 0): points[0], ("jl_r10", 1): points[1]}  # r = 1 refused at its first trial
     best = {"jl_r2": max(points, key=lambda p: p[0]), "jl_r10": min(points, key=lambda p: p[0])}
@@ -217,10 +222,14 @@ def test_choice_is_the_best_validation_trial_and_loss_is_minimised(tmp_path):
     assert choose(loss, tmp_path / "loss").trial == 1
 
 
-def test_pareto_front_keeps_only_undominated_points():
-    points = [(100.0, 0.9, "a"), (50.0, 0.8, "b"), (60.0, 0.7, "c"), (200.0, 0.95, "d")]
+def test_pareto_front_keeps_only_undominated_points_beyond_the_measurement_spread():
+    points = [(100.0, 0.9, "a", 0.0), (50.0, 0.8, "b", 0.0), (60.0, 0.7, "c", 0.0), (200.0, 0.95, "d", 0.0)]
     assert [p[2] for p in pareto(points, maximize=True)] == ["b", "a", "d"]
-    assert [p[2] for p in pareto([(1.0, 3.0, "x"), (2.0, 2.0, "y"), (3.0, 2.5, "z")], maximize=False)] == ["x", "y"]
+    loss = [(1.0, 3.0, "x", 0.0), (2.0, 2.0, "y", 0.0), (3.0, 2.5, "z", 0.0)]
+    assert [p[2] for p in pareto(loss, maximize=False)] == ["x", "y"]
+    # c costs 10 MB more than b but the cost moves by 12 MB between seeds: b does not dominate it.
+    noisy = [(50.0, 0.8, "b", 12.0), (60.0, 0.7, "c", 0.0)]
+    assert [p[2] for p in pareto(noisy, maximize=True)] == ["b", "c"]
 
 
 def test_suite_naming_an_unknown_method_is_refused(tmp_path):
@@ -380,7 +389,7 @@ def test_every_cell_of_the_shipped_suite_composes_into_a_valid_config(profile):
     with initialize_config_dir(config_dir(), version_base="1.3"):
         for task in suite.tasks:
             for method in task.methods:
-                lr, clip = trial_points(task, method, 1)[0]
+                lr, clip = start_grid(suite, task, method).points()[0]
                 for variant in method.variants():
                     cell = cell_for(suite, task, method, variant, "tune", suite.tune_epsilon, 0, 0, lr, clip)
                     cfg = compose("config", overrides=cell.overrides)

@@ -1,80 +1,115 @@
-"""The leaderboard's verdicts on the papers' claims and its winners, on hand-built tables whose answer is known."""
+"""The leaderboard's verdicts and winners on hand-built tables whose answer is known: paired over seeds, with the
+three verdicts (holds, does not hold, not distinguishable at this budget)."""
+
+import pytest
 
 from dpbench.leaderboard.claims import check_claims, winners
+from dpbench.leaderboard.compare import FAILS, HOLDS, UNCLEAR, better_verdict, close_verdict, paired
 from dpbench.leaderboard.summary import Entry
+
+T_975_2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom (tables)
 
 
 def entry(method: str, epsilon: float | None, accuracy: float | None, step_s: float = 0.1, peak_mb: float = 100.0,
-          label: str | None = None, refused: str | None = None) -> Entry:
-    values = [] if accuracy is None else [accuracy - 0.01, accuracy, accuracy + 0.01]
+          label: str | None = None, refused: str | None = None, jitter: tuple[float, ...] = (-0.01, 0.0, 0.01),
+          device: str = "cpu") -> Entry:
+    seeds = {} if accuracy is None else {s: accuracy + d for s, d in enumerate(jitter)}
     return Entry(task="t", method=method, variant=label or method, label=label or method, epsilon=epsilon,
-                 metric="accuracy", values=values, step_s=[step_s] * len(values), peak_mb=[peak_mb] * len(values),
-                 refused=refused)
+                 metric="accuracy", by_seed=seeds, step_s=[step_s] * len(seeds), peak_mb=[peak_mb] * len(seeds),
+                 refused=refused, device=device)
+
+
+def test_paired_interval_matches_a_hand_computation():
+    a = entry("a", 3, 0.0, jitter=(0.80, 0.85, 0.90))
+    b = entry("b", 3, 0.0, jitter=(0.79, 0.83, 0.87))
+    comparison = paired(a, b)  # differences 0.01, 0.02, 0.03: mean 0.02, sd 0.01
+    half = T_975_2 * 0.01 / 3**0.5
+    assert comparison.difference == pytest.approx(0.02)
+    assert comparison.interval == pytest.approx((0.02 - half, 0.02 + half))
+    assert better_verdict(comparison) == UNCLEAR  # [-0.005, +0.045] crosses 0
+    assert comparison.text() == "+2.0 points [-0.5, +4.5] over 3 paired seeds"
+    wide_gap = paired(entry("a", 3, 0.0, jitter=(0.90, 0.91, 0.92)), b)
+    assert better_verdict(wide_gap) == HOLDS and better_verdict(paired(b, entry("a", 3, 0.95))) == FAILS
+    assert close_verdict(paired(b, entry("a", 3, 0.95)), 0.02) == FAILS  # 12 points worse: not close
+    assert close_verdict(comparison, 0.02) == HOLDS  # a is no worse than b
+    one_seed = paired(entry("a", 3, 0.9, jitter=(0.0,)), entry("b", 3, 0.5, jitter=(0.0,)))
+    assert one_seed.interval is None and better_verdict(one_seed) == UNCLEAR
+
+
+def test_a_loss_is_better_when_lower():
+    def loss(method: str, values: tuple[float, ...]) -> Entry:
+        return Entry("t", method, method, method, 3, metric="loss", by_seed=dict(enumerate(values)))
+
+    comparison = paired(loss("sparse", (7.0, 7.1, 7.2)), loss("dpadam", (8.0, 8.2, 8.1)))
+    assert comparison.difference > 0 and better_verdict(comparison) == HOLDS
+    assert comparison.text().startswith("-1.000 [")  # shown in the loss's own units: lower
 
 
 def jl_sentence(rungs: list[Entry]) -> str:
     table = [entry("dpsgd", 3, 0.90, step_s=0.4), *rungs]
-    (sentence,) = [s for s in check_claims([("CNN", "sgd", table, None)], (3,), 3) if s.startswith("JL")]
+    (sentence,) = [s for s in check_claims([("CNN (26K)", table, None)], (3,), 3) if s.startswith("JL")]
     return sentence
 
 
-def test_jl_claim_is_judged_on_every_measured_rung():
+def test_jl_claim_is_judged_on_every_measured_rung_against_the_best_baseline():
     useless_small_r = entry("jl", 3, 0.10, step_s=0.25, label="JL (r=2)")
     usable_r = entry("jl", 3, 0.89, step_s=0.3, label="JL (r=10)")
     sentence = jl_sentence([useless_small_r, usable_r])
-    assert "JL (r=2) 10.0% (-80.0 points) at 0.62x" in sentence and "JL (r=10) 89.0% (-1.0 points) at 0.75x" in sentence
-    assert sentence.endswith("holds here.")
-    assert jl_sentence([useless_small_r]).endswith("**does not hold here**.")
+    assert "CNN (26K), on CPU, epsilon 3" in sentence  # the scale and the device are in the sentence
+    assert "JL (r=2) 10.0% [7.5, 12.5] (-80.0 points [-80.0, -80.0] over 3 paired seeds) at 0.62x" in sentence
+    assert sentence.endswith(": holds.")
+    assert jl_sentence([useless_small_r]).endswith("**does not hold**.")
     slow = entry("jl", 3, 0.90, step_s=0.5, label="JL (r=10)")
-    assert jl_sentence([useless_small_r, slow]).endswith("**does not hold here**.")  # close, but slower
+    assert jl_sentence([useless_small_r, slow]).endswith("**does not hold**.")  # close, but slower
+    noisy = entry("jl", 3, 0.88, step_s=0.3, label="JL (r=10)", jitter=(-0.05, 0.0, 0.06))
+    assert jl_sentence([noisy]).endswith(": not distinguishable at this budget.")
 
 
-def test_jl_claim_names_the_refused_rungs():
-    refused = entry("jl", 3, None, label="JL (r=1)", refused="unreachable")
-    sentence = jl_sentence([refused, entry("jl", 3, 0.895, step_s=0.2, label="JL (r=2)")])
-    assert "(smaller r refused: JL (r=1))" in sentence and sentence.endswith("holds here.")
+def test_the_baseline_is_the_better_of_dp_sgd_and_dp_adam():
+    table = [entry("dpsgd", 3, 0.80), entry("dpadam", 3, 0.90, label="DP-Adam"), entry("d2p2", 3, 0.85)]
+    (sentence,) = check_claims([("CNN", table, None)], (3,), 3)
+    assert "vs DP-Adam 90.0%" in sentence and sentence.endswith("**does not hold** at the smallest budget.")
 
 
 def test_grape_d2p2_and_sparse_verdicts():
     vit = [entry("dpadam", 3, 0.70, peak_mb=200), entry("grape", 3, 0.69, peak_mb=120)]
     cnn = [entry("dpsgd", 1, 0.80), entry("d2p2", 1, 0.84), entry("dpsgd", 8, 0.92), entry("d2p2", 8, 0.93)]
     cnn_worse = [entry("dpsgd", 1, 0.80), entry("d2p2", 1, 0.75), entry("dpsgd", 8, 0.92), entry("d2p2", 8, 0.93)]
-    sentences = check_claims([("ViT", "adam", vit, None), ("CNN", "sgd", cnn, None), ("CNN2", "sgd", cnn_worse, None)],
-                             (1, 8), 3)
-    grape, d2p2, d2p2_worse = sentences
-    assert "0.60x its peak memory" in grape and grape.endswith("holds here.")
-    assert d2p2.startswith("D2P2") and d2p2.endswith("holds here.")
-    assert d2p2_worse.endswith("**does not hold here**.")
-    heavy = check_claims([("ViT", "adam", [entry("dpadam", 3, 0.70, peak_mb=200),
-                                           entry("grape", 3, 0.69, peak_mb=190)], None)], (3,), 3)
-    assert heavy[0].endswith("**does not hold here**.")  # 0.95x memory is not "far less"
+    grape, d2p2, d2p2_worse = check_claims([("ViT", vit, None), ("CNN", cnn, None), ("CNN2", cnn_worse, None)],
+                                           (1, 8), 3)
+    assert "0.60x its peak memory" in grape and grape.endswith(": holds.")
+    assert d2p2.startswith("D2P2") and d2p2.endswith(": holds at the smallest budget.")
+    assert d2p2_worse.endswith("**does not hold** at the smallest budget.")
+    heavy = check_claims([("ViT", [entry("dpadam", 3, 0.70, peak_mb=200),
+                                   entry("grape", 3, 0.69, peak_mb=190)], None)], (3,), 3)
+    assert heavy[0].endswith("**does not hold**.")  # 0.95x memory is not "far less"
 
 
-def test_winner_and_margin_over_the_better_vanilla():
+def test_winner_and_its_paired_margin_over_the_better_vanilla():
     table = [entry("dpsgd", 3, 0.90), entry("dpadam", 3, 0.92), entry("d2p2", 3, 0.95, label="D2P2-SGD"),
              entry("dpsgd", 8, 0.93), entry("dpadam", 8, 0.94)]
-    assert winners(table, (3, 8)) == ["epsilon 3: **D2P2-SGD** 95.0%, +3.0 points over dpadam (92.0%)",
-                                      "epsilon 8: **dpadam** 94.0% (vanilla itself)"]
+    assert winners(table, (3, 8)) == [
+        "epsilon 3: **D2P2-SGD** 95.0% [92.5, 97.5], +3.0 points [+3.0, +3.0] over 3 paired seeds over dpadam "
+        "(92.0% [89.5, 94.5]): better holds",
+        "epsilon 8: **dpadam** 94.0% [91.5, 96.5] (vanilla itself)"]
 
 
 def test_nothing_is_judged_or_crowned_at_a_constant_prediction_s_accuracy():
     """Two methods that both predict the majority class are not "close", and neither wins."""
     table = [entry("dpadam", 3, 0.592, step_s=1.0), entry("jl", 3, 0.592, step_s=0.5, label="JL (r=2)")]
-    (sentence,) = check_claims([("BiLSTM", "adam", table, 0.59)], (3,), 3)
-    assert sentence == ("JL, epsilon 3, BiLSTM: cannot be judged here, no method compared beats a constant "
+    (sentence,) = check_claims([("BiLSTM", table, 0.59)], (3,), 3)
+    assert sentence == ("JL, epsilon 3, BiLSTM, on CPU: cannot be judged here, no method compared beats a constant "
                         "prediction's 59.0% (dpadam 59.2%, JL (r=2) 59.2%).")
-    assert check_claims([("BiLSTM", "adam", table, None)], (3,), 3)[0].endswith("holds here.")
+    assert check_claims([("BiLSTM", table, None)], (3,), 3)[0].endswith(": holds.")
     assert winners(table, (3,), 0.59) == [
         "epsilon 3: none, no private method beats a constant prediction (59.0%; best dpadam 59.2%)"]
-    learned = [entry("dpadam", 3, 0.75), entry("jl", 3, 0.74, label="JL (r=2)")]
-    assert winners(learned, (3,), 0.59) == ["epsilon 3: **dpadam** 75.0% (vanilla itself)"]
 
 
 def test_d2p2_is_judged_only_on_budgets_where_something_learned():
     at_chance_small_eps = [entry("dpsgd", 1, 0.59), entry("d2p2", 1, 0.595), entry("dpsgd", 8, 0.80),
                            entry("d2p2", 8, 0.70)]
-    (sentence,) = check_claims([("BiLSTM", "sgd", at_chance_small_eps, 0.59)], (1, 8), 8)
-    assert "epsilon 1" not in sentence and sentence.endswith("**does not hold here**.")
+    (sentence,) = check_claims([("BiLSTM", at_chance_small_eps, 0.59)], (1, 8), 8)
+    assert "epsilon 1" not in sentence and sentence.endswith("**does not hold** at the smallest budget.")
 
 
 def test_jl_without_timings_cannot_be_checked():

@@ -7,7 +7,7 @@ import pytest
 
 from dpbench.leaderboard.__main__ import main
 from dpbench.leaderboard.private_tuning import DEFAULT_SCORE_NOISE, PrivateTuning, plan_rows, run_privacy
-from dpbench.leaderboard.schedule import cell_for, trial_points
+from dpbench.leaderboard.schedule import cell_for, start_grid
 from dpbench.leaderboard.suite import load_suite
 from dpbench.privacy.tuning import TrialCount, tuning_epsilon
 
@@ -30,7 +30,7 @@ profiles:
   tiny:
     budgets: [1, 3]
     tune_epsilon: 3
-    trials: 4
+    tuning: {lr_points: 2, clip_points: 2, max_growth: 1, each_budget: false}
     seeds: [0]
     tasks:
       cnn: {methods: [nonprivate, dpsgd, jl]}
@@ -68,15 +68,16 @@ def test_plan_prints_each_private_method_per_run_and_with_tuning_and_runs_no_cel
         assert score_std == pytest.approx(DEFAULT_SCORE_NOISE / 400)
     assert figures["1"][3] == figures["3"][3]  # the same tuning (at epsilon 3) before each budget's final run
     jl = [line for line in out.splitlines() if line.startswith("cnn / JL")]
-    assert len(jl) == 1 and jl[0].startswith("cnn / JL: private tuning not accounted: its steps are "
-                                             "subsampled_gaussian_mixture")
+    assert len(jl) == 2 and all(line.startswith(f"cnn / JL at epsilon {budget}: private tuning not accounted: its "
+                                                "steps are subsampled_gaussian_mixture")
+                                for line, budget in zip(jl, ("1", "3"), strict=True))
 
 
 def test_the_trial_is_the_tuning_cells_run_and_the_final_run_the_test_cells(suite_file):
     suite = load_suite("tiny", suite_file)
     task = suite.tasks[0]
     method = next(m for m in task.methods if m.name == "dpsgd")
-    variant, (lr, clip) = method.variants()[0], trial_points(task, method, 1)[0]
+    variant, (lr, clip) = method.variants()[0], start_grid(suite, task, method).points()[0]
     trial = run_privacy(cell_for(suite, task, method, variant, "tune", 3, 0, 0, lr, clip).overrides)
     final = run_privacy(cell_for(suite, task, method, variant, "test", 1, 0, None, lr, clip).overrides)
     [(trial_step, trial_steps)], [(final_step, final_steps)] = trial.composition, final.composition

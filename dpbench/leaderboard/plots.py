@@ -1,4 +1,11 @@
-"""The leaderboard's figures: metric vs epsilon per method, and metric vs memory / time with the Pareto front."""
+"""The leaderboard's figures: metric vs epsilon per method, and metric vs memory / time with a Pareto front.
+
+Every method keeps one colour and marker in every figure (dpbench.report.style, keyed by its label); error bars
+are the 95% interval over seeds; legends sit outside the axes. A Pareto front is drawn only where it separates
+points by more than the measurement spread: one point dominates another only when it is cheaper by more than both
+points' spread of that cost over their seeds (each seed repeats the cell's cost measurement) and no worse on the
+metric; a front that dominates nothing is not drawn.
+"""
 
 from __future__ import annotations
 
@@ -11,14 +18,24 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from dpbench.leaderboard.summary import Entry  # noqa: E402
+from dpbench.report.style import style_of  # noqa: E402
+
+LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "fontsize": 7, "frameon": False}
 
 
 def _axis_label(metric: str) -> str:
     return f"test {metric} ({'lower' if metric == 'loss' else 'higher'} is better)"
 
 
-def draw_epsilon(axes, entries: list[Entry], title: str, delta: float) -> bool:
-    """Mean +- std over seeds against epsilon, one line per variant; non-private as a dashed line."""
+def _error(entries: list[Entry]) -> list[list[float]]:
+    """Distances from each mean to its interval's ends (zero where fewer than two seeds give none)."""
+    below = [e.mean - e.interval[0] if e.interval else 0.0 for e in entries]
+    above = [e.interval[1] - e.mean if e.interval else 0.0 for e in entries]
+    return [below, above]
+
+
+def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: bool = True) -> bool:
+    """Mean and 95% interval over seeds against epsilon, one line per variant; non-private as a dashed line."""
     lines: dict[str, list[Entry]] = defaultdict(list)
     metric = None
     for entry in entries:
@@ -31,8 +48,9 @@ def draw_epsilon(axes, entries: list[Entry], title: str, delta: float) -> bool:
             lines[entry.label].append(entry)
     for label, points in lines.items():
         points.sort(key=lambda e: e.epsilon)
-        axes.errorbar([p.epsilon for p in points], [p.mean for p in points], yerr=[p.std or 0.0 for p in points],
-                      marker="o", capsize=3, label=label)
+        style = style_of(label)
+        axes.errorbar([p.epsilon for p in points], [p.mean for p in points], yerr=_error(points),
+                      marker=style.marker, color=style.colour, capsize=3, label=label)
     if metric is None:
         return False
     axes.set_xscale("log")
@@ -44,83 +62,105 @@ def draw_epsilon(axes, entries: list[Entry], title: str, delta: float) -> bool:
     axes.set_ylabel(_axis_label(metric))
     axes.set_title(title, fontsize=9)
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=7)
+    if legend:
+        axes.legend(**LEGEND)
     return True
 
 
-def pareto(points: list[tuple[float, float, str]], maximize: bool) -> list[tuple[float, float, str]]:
-    """Points no other point beats on both cost (lower) and metric; sorted by cost."""
-    front, best = [], None
-    for point in sorted(points, key=lambda p: (p[0], -p[1] if maximize else p[1])):
-        if best is None or (point[1] > best if maximize else point[1] < best):
-            front.append(point)
-            best = point[1]
-    return front
+def spread(entry: Entry, cost: str) -> float:
+    """The range of a cost over the entry's seeds: how much repeating the same cell moves it."""
+    values = getattr(entry, cost)
+    return max(values) - min(values) if len(values) > 1 else 0.0
+
+
+def _cost_range(entry: Entry, cost: str) -> list[list[float]]:
+    values, centre = getattr(entry, cost), entry.cost(cost)
+    return [[centre - min(values)], [max(values) - centre]]
+
+
+def pareto(points: list[tuple[float, float, str, float]], maximize: bool) -> list[tuple[float, float, str, float]]:
+    """(cost, metric, label, cost spread) points that no other point dominates, sorted by cost; a point dominates
+    another when it is no worse on the metric and cheaper by more than the larger of their spreads."""
+
+    def dominates(a: tuple, b: tuple) -> bool:
+        no_worse = a[1] >= b[1] if maximize else a[1] <= b[1]
+        return no_worse and b[0] - a[0] > max(a[3], b[3])
+
+    return sorted((p for p in points if not any(dominates(q, p) for q in points if q is not p)), key=lambda p: p[0])
 
 
 def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str) -> bool:
-    """Private methods as points, their Pareto front ringed and joined; non-private as a grey reference star."""
+    """Each method as its own marker with its interval; non-private as a grey star; the front only where it
+    separates points by more than their spread."""
     measured = [e for e in entries if e.mean is not None and e.cost(cost) is not None]
     if not measured:
         return False
     metric = measured[0].metric
-    points = [(e.cost(cost), e.mean, e.label) for e in measured if e.epsilon is not None]
     for entry in measured:
         if entry.epsilon is None:
-            axes.scatter([entry.cost(cost)], [entry.mean], marker="*", s=120, color="grey", zorder=3)
-            axes.annotate(entry.label, (entry.cost(cost), entry.mean), fontsize=7, xytext=(3, 3),
-                          textcoords="offset points")
-    for x, y, label in points:
-        axes.scatter([x], [y], zorder=3)
-        axes.annotate(label, (x, y), fontsize=7, xytext=(3, 3), textcoords="offset points")
+            axes.errorbar([entry.cost(cost)], [entry.mean], yerr=_error([entry]), marker="*", markersize=12,
+                          color="grey", linestyle="none", label=entry.label, zorder=3)
+            continue
+        style = style_of(entry.label)
+        axes.errorbar([entry.cost(cost)], [entry.mean], yerr=_error([entry]), xerr=_cost_range(entry, cost),
+                      marker=style.marker, color=style.colour, linestyle="none", capsize=3, label=entry.label,
+                      zorder=3)
+    points = [(e.cost(cost), e.mean, e.label, spread(e, cost)) for e in measured if e.epsilon is not None]
     front = pareto(points, maximize=metric != "loss")
-    if front:
-        axes.scatter([p[0] for p in front], [p[1] for p in front], s=160, facecolors="none", edgecolors="red",
-                     zorder=4)
-        axes.step([p[0] for p in front], [p[1] for p in front], where="post", color="red", linewidth=1,
-                  label="Pareto front (private methods)")
+    if len(front) < len(points):
+        axes.step([p[0] for p in front], [p[1] for p in front], where="post", color="red", linewidth=1, alpha=0.6,
+                  label="Pareto front (beyond the spread)")
     axes.ticklabel_format(axis="y", useOffset=False)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(_axis_label(metric))
     axes.grid(alpha=0.3)
-    axes.legend(fontsize=7)
     return True
 
 
 def epsilon_plot(entries: list[Entry], title: str, delta: float, path: Path) -> Path | None:
-    figure, axes = plt.subplots(figsize=(6, 4))
+    figure, axes = plt.subplots(figsize=(7.5, 4))
     drawn = draw_epsilon(axes, entries, title, delta)
     return _save(figure, path) if drawn else _discard(figure)
 
 
 def cost_plot(entries: list[Entry], epsilon: float, title: str, path: Path) -> Path | None:
-    """At one budget: metric vs peak memory and vs time per step, Pareto fronts marked."""
+    """At one budget: metric vs peak memory and vs time per step, one legend for both panels, outside them."""
     chosen = [e for e in entries if e.epsilon in (epsilon, None)]
-    figure, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
     drawn = _draw_cost(left, chosen, "peak_mb", "peak memory (MB)")
     drawn = _draw_cost(right, chosen, "step_s", "wall time per training step (s)") and drawn
-    figure.suptitle(f"{title}, epsilon {epsilon:g} (non-private included)", fontsize=9)
-    return _save(figure, path) if drawn else _discard(figure)
+    if not drawn:
+        return _discard(figure)
+    handles, labels = right.get_legend_handles_labels()
+    right.legend(handles, labels, **LEGEND)
+    figure.suptitle(f"{title}, epsilon {epsilon:g}: mean and 95% interval over seeds; x whisker: the cost's range "
+                    "over seeds", fontsize=9)
+    return _save(figure, path)
 
 
 def headline_plot(panels: list[tuple[str, list[Entry], float]], path: Path) -> Path | None:
-    """Every task's metric-vs-epsilon panel (title, entries, delta) in one figure (the README's picture)."""
+    """Every task's metric-vs-epsilon panel (title, entries, delta) in one figure, one legend for all of them."""
     panels = [panel for panel in panels if any(e.mean is not None for e in panel[1])]
     if not panels:
         return None
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
-    figure, grid = plt.subplots(rows, columns, figsize=(5.5 * columns, 4 * rows), squeeze=False)
+    figure, grid = plt.subplots(rows, columns, figsize=(5.5 * columns + 2.5, 4 * rows), squeeze=False)
+    legend: dict[str, object] = {}
     for axes, (title, entries, delta) in zip(grid.flat, panels, strict=False):
-        draw_epsilon(axes, entries, title, delta)
+        draw_epsilon(axes, entries, title, delta, legend=False)
+        for handle, label in zip(*axes.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
     for axes in list(grid.flat)[len(panels):]:
         axes.set_visible(False)
+    figure.legend(list(legend.values()), list(legend), loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8,
+                  frameon=False)
     return _save(figure, path)
 
 
 def _save(figure, path: Path) -> Path:
     figure.tight_layout()
-    figure.savefig(path, dpi=110)
+    figure.savefig(path, dpi=110, bbox_inches="tight")
     plt.close(figure)
     return path
 

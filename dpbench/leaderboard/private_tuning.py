@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from dpbench.errors import ConfigurationError
-from dpbench.leaderboard.schedule import TUNING_SEED, cell_for, trial_points
+from dpbench.leaderboard.schedule import TUNING_SEED, cell_for, start_grid
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
 from dpbench.privacy.mechanisms import Composition
 from dpbench.privacy.tuning import TrialCount, TuningEpsilon, run_event, tuning_epsilon
@@ -110,21 +110,16 @@ def plan_rows(suite: Suite, tuning: PrivateTuning) -> Iterator[PlanRow]:
 
 def _variant_rows(suite: Suite, task: Task, method: Method, variant: Variant,
                   tuning: PrivateTuning) -> Iterator[PlanRow]:
-    lr, clip = trial_points(task, method, 1)[0]  # neither changes sigma, q or the steps
-    try:
-        trial = run_privacy(cell_for(suite, task, method, variant, "tune", suite.tune_epsilon, TUNING_SEED, 0, lr,
-                                     clip).overrides)
-        score_std = f"{tuning.score_noise_multiplier * score_sensitivity(trial.examples):.3g}" + (
-            "" if trial.metric == "accuracy" else f" times the {trial.metric}'s clipping range")
-    except ConfigurationError as error:
-        yield PlanRow(task.name, variant.label, None, None, None, None, f"its tuning trial is refused: {error}")
-        return
-    try:
-        run_event(trial.composition)  # before planning the final runs: a JL calibration takes seconds
-    except ConfigurationError as error:
-        yield PlanRow(task.name, variant.label, None, None, None, None, f"private tuning not accounted: {error}")
-        return
+    lr, clip = start_grid(suite, task, method).points()[0]  # neither changes sigma, q or the steps
+    trials: dict[float, RunPrivacy | str] = {}
     for budget in suite.budgets:
+        where = suite.tuning_budget(budget)
+        if where not in trials:
+            trials[where] = _trial(suite, task, method, variant, where, lr, clip)
+        trial = trials[where]
+        if isinstance(trial, str):
+            yield PlanRow(task.name, variant.label, budget, None, None, None, trial)
+            continue
         try:
             final = run_privacy(cell_for(suite, task, method, variant, "test", budget, suite.seeds[0], None, lr,
                                          clip).overrides)
@@ -138,7 +133,24 @@ def _variant_rows(suite: Suite, task: Task, method: Method, variant: Variant,
             yield PlanRow(task.name, variant.label, budget, final.epsilon, None, None,
                           f"private tuning not accounted: {error}")
             continue
+        score_std = f"{tuning.score_noise_multiplier * score_sensitivity(trial.examples):.3g}" + (
+            "" if trial.metric == "accuracy" else f" times the {trial.metric}'s clipping range")
         yield PlanRow(task.name, variant.label, budget, final.epsilon, accounted, score_std)
+
+
+def _trial(suite: Suite, task: Task, method: Method, variant: Variant, epsilon: float, lr: float,
+           clip: float | None) -> RunPrivacy | str:
+    """One tuning trial's privacy at `epsilon`, or why it cannot be accounted."""
+    try:
+        trial = run_privacy(cell_for(suite, task, method, variant, "tune", epsilon, TUNING_SEED, 0, lr,
+                                     clip).overrides)
+    except ConfigurationError as error:
+        return f"its tuning trial is refused: {error}"
+    try:
+        run_event(trial.composition)  # before planning the final runs: a JL calibration takes seconds
+    except ConfigurationError as error:
+        return f"private tuning not accounted: {error}"
+    return trial
 
 
 def describe(row: PlanRow) -> str:
@@ -156,7 +168,9 @@ def describe(row: PlanRow) -> str:
 def header(suite: Suite, tuning: PrivateTuning) -> str:
     law = tuning.trials
     return (f"Private tuning plan ({suite.profile} profile): trials ~ {law.name}, mean {law.mean:g}, drawn with "
-            f"the secret privacy randomness; each trial trains at epsilon {suite.tune_epsilon:g} on the training "
+            f"the secret privacy randomness; each trial trains at "
+            f"{'the budget of the runs it tunes' if suite.tuning.each_budget else f'epsilon {suite.tune_epsilon:g}'}"
+            f" on the training "
             f"split less the validation split and releases its validation score with Gaussian noise (noise "
             f"multiplier {tuning.score_noise_multiplier:g}, sensitivity 1/n for accuracy; a loss must first be "
             f"clipped to a range); only the best trial is released (Papernot & Steinke 2022, dp-accounting's "

@@ -12,7 +12,9 @@ from pathlib import Path
 import torch
 
 from dpbench.leaderboard.cells import Outcome, read_outcomes
-from dpbench.leaderboard.claims import check_claims, fmt_value, winners
+from dpbench.leaderboard.claims import check_claims, fmt_entry, fmt_value, learned, winners
+from dpbench.leaderboard.compare import UNCLEAR, best_baseline, better_verdict, paired
+from dpbench.leaderboard.grid import optimum_status
 from dpbench.leaderboard.plots import cost_plot, epsilon_plot, headline_plot
 from dpbench.leaderboard.scale import scale_section
 from dpbench.leaderboard.suite import Suite, Task
@@ -86,8 +88,15 @@ def _order(task: Task, entries: list[Entry]) -> list[Entry]:
     return sorted(entries, key=lambda e: (rank.get(e.variant, (99, 0)), e.epsilon or 0.0))
 
 
-def _cell_text(entry: Entry | None, notes: list[str]) -> str:
-    """The table's text for one entry; a refusal's reason goes to the numbered notes under the table."""
+def _anchor_text(task: Task, entry: Entry) -> str:
+    """' (published 86.0%: Tramer & Boneh ...)' where a published figure matches this cell, else ''."""
+    found = [a for a in task.anchors if a.method == entry.method and a.epsilon == entry.epsilon]
+    return "".join(f"; published {fmt_value(a.value, entry.metric)} ({a.source})" for a in found)
+
+
+def _cell_text(task: Task, entry: Entry | None, notes: list[str]) -> str:
+    """The table's text for one entry: mean [95% interval] and its tuned point; a refusal's reason goes to the
+    numbered notes under the table."""
     if entry is None:
         return "-"
     if entry.refused:
@@ -96,8 +105,9 @@ def _cell_text(entry: Entry | None, notes: list[str]) -> str:
             notes.append(note)
         return f"cannot reach epsilon {entry.epsilon:g} [{notes.index(note) + 1}]"
     if entry.mean is not None:
-        spread = f" ± {fmt_value(entry.std, entry.metric)}" if entry.std is not None else ""
-        text = fmt_value(entry.mean, entry.metric) + spread
+        text = fmt_entry(entry)
+        point = f"lr {entry.lr:.3g}" + ("" if entry.clip_norm is None else f", clip {entry.clip_norm:.3g}")
+        text += f" ({point}{_anchor_text(task, entry)})"
         if entry.failed or entry.pending:
             text += f" ({len(entry.values)} seeds; {len(entry.failed)} failed, {entry.pending} pending)"
         return text
@@ -110,46 +120,146 @@ def _number(value: float | None, spec: str) -> str:
     return "-" if value is None else format(value, spec)
 
 
-def _task_table(task: Task, entries: list[Entry], tuning: list[Tuning], suite: Suite) -> list[str]:
-    columns = [f"epsilon {b:g}" for b in suite.budgets]
-    lines = ["| method | lr | clip | " + " | ".join(columns) + " | non-private | samples/s | peak MB | s/step | "
-             "wall s |", "|---" * (len(columns) + 8) + "|"]
+def _variants(task: Task, entries: list[Entry]) -> dict[str, list[Entry]]:
     variants: dict[str, list[Entry]] = {}
     for entry in _order(task, entries):
         variants.setdefault(entry.variant, []).append(entry)
+    return variants
+
+
+def _cost_reference(group: list[Entry], suite: Suite) -> tuple[Entry, str]:
+    """The entry whose costs a row shows (the tune_epsilon one where it ran) and a note when it is another budget."""
+    by_eps = {e.epsilon: e for e in group}
+    reference = by_eps.get(suite.tune_epsilon) or next((e for e in group if e.mean is not None), group[0])
+    if reference.mean is None:
+        reference = next((e for e in group if e.mean is not None), reference)
+    note = "" if reference.epsilon in (suite.tune_epsilon, None) else f" (at epsilon {reference.epsilon:g})"
+    return reference, note
+
+
+def _task_table(task: Task, entries: list[Entry], suite: Suite) -> list[str]:
+    columns = [f"epsilon {b:g}" for b in suite.budgets]
+    lines = ["| method | " + " | ".join(columns) + " | non-private | samples/s | peak MB | s/step | wall s |",
+             "|---" * (len(columns) + 6) + "|"]
     notes: list[str] = []
-    for _variant, group in variants.items():
+    for group in _variants(task, entries).values():
         by_eps = {e.epsilon: e for e in group}
-        reference = by_eps.get(suite.tune_epsilon) or next((e for e in group if e.mean is not None), group[0])
-        if reference.mean is None:
-            reference = next((e for e in group if e.mean is not None), reference)
-        cost_note = "" if reference.epsilon in (suite.tune_epsilon, None) else f" (at epsilon {reference.epsilon:g})"
-        cells = [_cell_text(by_eps.get(b), notes) if None not in by_eps else "" for b in suite.budgets]
-        nonprivate = _cell_text(by_eps.get(None), notes) if None in by_eps else ""
-        ran = any(e.values for e in group)  # a rung refused everywhere never used its hyperparameters
-        lr, clip = (reference.lr, reference.clip_norm) if ran else (None, None)
+        reference, cost_note = _cost_reference(group, suite)
+        cells = [_cell_text(task, by_eps.get(b), notes) if None not in by_eps else "" for b in suite.budgets]
+        nonprivate = _cell_text(task, by_eps.get(None), notes) if None in by_eps else ""
         lines.append(
-            f"| {group[0].label} | {_number(lr, '.3g')} | {_number(clip, '.3g')} | "
-            + " | ".join(cells) + f" | {nonprivate} | {_number(reference.cost('samples_per_s'), '.0f')} | "
-            f"{_number(reference.cost('peak_mb'), '.0f')} | {_number(reference.cost('step_s'), '.3f')} | "
-            f"{_number(reference.cost('wall_s'), '.1f')}{cost_note} |"
+            f"| {group[0].label} | " + " | ".join(cells) + f" | {nonprivate} | "
+            f"{_number(reference.cost('samples_per_s'), '.0f')} | {_number(reference.cost('peak_mb'), '.0f')} | "
+            f"{_number(reference.cost('step_s'), '.3f')} | {_number(reference.cost('wall_s'), '.1f')}{cost_note} |"
         )
     lines.append("")
     if notes:
         lines += [f"[{i}] {note}" + ("  " if i < len(notes) else "") for i, note in enumerate(notes, 1)] + [""]
-    tuned = []
-    rank = {entry.variant: i for i, entry in enumerate(_order(task, entries))}
-    for record in sorted(tuning, key=lambda r: rank.get(r.variant, len(rank))):
-        finished = [t for t in record.trials if t[2] is not None]
-        points = ", ".join(f"lr {lr:.3g}" + (f" clip {clip:.3g}" if clip is not None else "")
-                           + f" -> {fmt_value(value, entries[0].metric if entries else None)}"
-                           if value is not None else f"lr {lr:.3g} ({state})" for lr, clip, value, state in
-                           record.trials)
-        tuned.append(f"- {record.label}: {len(finished)}/{len(record.trials)} trials finished ({points})")
-    if tuned:
-        lines += [f"Tuning trials (validation {entries[0].metric if entries else 'metric'}, seed 0, private methods "
-                  f"at epsilon {suite.tune_epsilon:g}):", "", *tuned, ""]
     return lines
+
+
+def _cost_table(task: Task, entries: list[Entry], suite: Suite) -> list[str]:
+    """A cost-only task: each method's speed and memory, its metric not ranked."""
+    lines = ["| method | samples/s | peak MB | s/step | wall s | epsilon of the costs |", "|---" * 6 + "|"]
+    for group in _variants(task, entries).values():
+        reference, _ = _cost_reference(group, suite)
+        budget = "non-private" if reference.epsilon is None else f"{reference.epsilon:g}"
+        lines.append(f"| {group[0].label} | {_number(reference.cost('samples_per_s'), '.0f')} | "
+                     f"{_number(reference.cost('peak_mb'), '.0f')} | {_number(reference.cost('step_s'), '.3f')} | "
+                     f"{_number(reference.cost('wall_s'), '.1f')} | {budget} |")
+    return [*lines, ""]
+
+
+def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite: Suite) -> list[str]:
+    """Per variant and budget: trials run, the best point and whether it is interior; then the task's counts."""
+    metric = next((e.metric for e in entries if e.metric), None)
+    rank = {entry.variant: i for i, entry in enumerate(_order(task, entries))}
+    methods = {v.name: m for m in task.methods for v in m.variants()}
+    lines, statuses, trials_per_method = [], [], {}
+    for record in sorted(tuning, key=lambda r: (rank.get(r.variant, len(rank)), r.epsilon or 0.0)):
+        method = methods.get(record.variant)
+        if method is None:
+            continue
+        finished = [(lr, clip, value) for lr, clip, value, _ in record.trials if value is not None]
+        trials_per_method[record.label] = trials_per_method.get(record.label, 0) + len(record.trials)
+        where = "" if record.epsilon is None else f", epsilon {record.epsilon:g}"
+        if not finished:
+            states = sorted({state for *_, state in record.trials})
+            lines.append(f"- {record.label}{where}: {len(record.trials)} trial(s), none finished "
+                         f"({', '.join(states)})")
+            continue
+        status = optimum_status([(lr, clip, value) for lr, clip, value, _ in record.trials],
+                                task.lr[task.optimizer_of(method)], task.clip if method.private else None,
+                                suite.tuning, maximize=metric != "loss")
+        statuses.append(status)
+        lr, clip, value = (max if metric != "loss" else min)(finished, key=lambda t: t[2])
+        point = f"lr {lr:.3g}" + ("" if clip is None else f" clip {clip:.3g}")
+        lines.append(f"- {record.label}{where}: {len(record.trials)} trials ({len(finished)} finished), best "
+                     f"{point} -> {fmt_value(value, metric)}, {status}")
+    if not lines:
+        return []
+    first = sum(s == "interior on the first range" for s in statuses)
+    grown = sum(s == "interior after growing the range" for s in statuses)
+    edge = sum(s.startswith("on the edge") for s in statuses)
+    counts = ", ".join(f"{label} {n}" for label, n in trials_per_method.items())
+    return [f"Tuning (validation {metric or 'metric'}, seed 0): {len(statuses)} searches, {first} with the optimum "
+            f"interior on the first range, {grown} interior after growing it, {edge} on the edge at the search's "
+            f"limit. Trials per method, all budgets: {counts}.", "", *lines, ""]
+
+
+def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]]) -> list[str]:
+    """The table a reader scans first: per task and budget the best method, its paired margin over the best
+    vanilla baseline, and its cost ratios against that baseline."""
+    rows = []
+    for task, entries in tasks:
+        for epsilon in suite.budgets:
+            measured = [e for e in entries if e.epsilon == epsilon and e.mean is not None]
+            base = best_baseline(entries, epsilon)
+            if not measured or base is None:
+                continue
+            sign = -1.0 if measured[0].metric == "loss" else 1.0
+            best = max(measured, key=lambda e: sign * e.mean)
+            if not learned(best, task.chance):
+                rows.append(f"| {task.title} | {epsilon:g} | none beats a constant prediction | - | - | - | - |")
+                continue
+            if best is base:
+                margin, verdict = "(the baseline itself)", "-"
+            else:
+                comparison = paired(best, base)
+                margin = comparison.text() if comparison else "no common seed"
+                verdict = better_verdict(comparison) if comparison else UNCLEAR
+            ratios = [_ratio(best.cost(c), base.cost(c)) for c in ("peak_mb", "step_s")]
+            rows.append(f"| {task.title} | {epsilon:g} | {best.label} {fmt_entry(best)} | {base.label} | {margin} | "
+                        f"{verdict} | {ratios[0]} memory, {ratios[1]} time |")
+    if not rows:
+        return []
+    return ["## At a glance", "",
+            "Per task and budget: the best private method (mean [95% interval] over seeds), its margin over the best "
+            "vanilla baseline (DP-SGD or DP-Adam, whichever has the better mean) paired seed by seed with its 95% "
+            "interval, whether it is better (holds / does not hold / not distinguishable at this budget), and its "
+            "peak memory and time per step as multiples of the baseline's. Scale: each task's title; device: the "
+            "machine below.", "",
+            "| task | epsilon | best method | baseline | margin over the baseline | better? | cost vs baseline |",
+            "|---|---|---|---|---|---|---|", *rows, ""]
+
+
+def _anchor_lines(task: Task, entries: list[Entry]) -> list[str]:
+    """Each published figure beside the cell that reproduces it (or that none has run)."""
+    lines = []
+    for anchor in task.anchors:
+        ours = next((e for e in entries if e.method == anchor.method and e.epsilon == anchor.epsilon
+                     and e.mean is not None), None)
+        budget = "non-private" if anchor.epsilon is None else f"epsilon {anchor.epsilon:g}"
+        metric = ours.metric if ours else "accuracy"
+        measured = (f"{ours.label} here {fmt_entry(ours)}, {100 * (ours.mean - anchor.value):+.1f} points"
+                    if ours and metric == "accuracy" else f"{ours.label} here {fmt_entry(ours)}" if ours
+                    else "not run here yet")
+        lines.append(f"- {anchor.source}: {fmt_value(anchor.value, metric)} at {budget}; {measured}")
+    return ["Published figures this task reproduces:", "", *lines, ""] if lines else []
+
+
+def _ratio(value: float | None, base: float | None) -> str:
+    return "-" if value is None or not base else f"{value / base:.2f}x"
 
 
 def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
@@ -194,13 +304,16 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         + ".",
         f"- Budgets: epsilon {', '.join(f'{b:g}' for b in suite.budgets)} at {_deltas(suite)} (below 1/N^1.1 for "
         "every training set here).",
-        f"- Fairness: every method gets the same {suite.trials} tuning trials over its learning rate and clip norm "
-        "(the same log-scale Halton points of the task's ranges), run at epsilon "
-        f"{suite.tune_epsilon:g} with seed 0 on a validation split carved from the training data; the best trial by "
-        f"validation metric is reused at every budget, and seed(s) {', '.join(map(str, suite.seeds))} are trained on "
-        "the whole training set and evaluated on the test split (mean ± std over seeds). Each rung of a ladder (JL's "
-        "r) shown is tuned on its own with the same trials; a rung refused at the tuning budget runs at the first "
-        "trial's point, which records its refusal.",
+        f"- Fairness: every method searches the same grid over learning rate and clip norm "
+        f"({suite.tuning.lr_points} x {suite.tuning.clip_points} log-spaced points of the task's ranges; a non-private "
+        f"method {suite.trials} learning rates over the same range), grown past an edge while the best trial lies on "
+        f"it, up to {suite.tuning.max_growth:g}x beyond each end of a range (the search's limit, reported), with seed "
+        "0 on a validation split carved from the training data, "
+        + ("at each budget; " if suite.tuning.each_budget else f"at epsilon {suite.tune_epsilon:g}, the choice reused "
+           "at every budget; ")
+        + f"seed(s) {', '.join(map(str, suite.seeds))} then train on the whole training set at the chosen point and "
+        "are evaluated on the test split: mean [95% Student-t interval] over seeds. Comparisons pair methods seed by "
+        "seed. Each rung of a ladder (JL's r) is tuned on its own.",
         "- **The epsilon of each run does not count the tuning**: choosing among the trials on private data spends "
         "privacy that no figure here includes.",
         "- A method that cannot reach a budget is shown as `cannot reach epsilon X: <dpbench's reason>`; JL runs "
@@ -214,33 +327,55 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
     skipped += [f"- `{name}`: not in the `{suite.profile}` profile" for name in suite.omitted]
     if skipped:
         lines += ["Tasks not run:", "", *skipped, ""]
-    panels, claim_inputs = [], []
+    panels, claim_inputs, glance, cost_only = [], [], [], []
     lines += ["## Results per task", ""]
     for task in suite.tasks:
         task_entries = _order(task, entries.get(task.name, []))
         if not task_entries and not tuning.get(task.name):
             continue
+        if task.cost_only:
+            cost_only.append((task, task_entries))
+            continue
         metric = next((e.metric for e in task_entries if e.metric), None)
         lines += [f"### {task.title}", "", f"`{task.name}`: test {metric or 'metric'} "
-                  f"({'lower' if metric == 'loss' else 'higher'} is better).", ""]
+                  f"({'lower' if metric == 'loss' else 'higher'} is better); each cell: mean [95% interval] over "
+                  "seeds (the tuned learning rate and clip norm).", ""]
         if task.note:
             lines += [task.note, ""]
-        lines += _task_table(task, task_entries, tuning.get(task.name, []), suite)
+        if task.fixed:
+            lines += [f"Not tuned: every method runs at the published recipe's learning rate {task.fixed[0]:g}"
+                      + ("" if task.fixed[1] is None else f" and clip norm {task.fixed[1]:g}") + ".", ""]
+        lines += _task_table(task, task_entries, suite)
+        lines += _anchor_lines(task, task_entries)
+        lines += _tuning_lines(task, tuning.get(task.name, []), task_entries, suite)
         best = winners(task_entries, suite.budgets, task.chance)
         if best:
-            lines += ["Winner per budget:", "", *(f"- {line}" for line in best), ""]
+            lines += ["Winner per budget (paired over seeds against the best vanilla method):", "",
+                      *(f"- {line}" for line in best), ""]
         for figure in (epsilon_plot(task_entries, task.title, task.delta, figures / f"{task.name}_epsilon.png"),
                        cost_plot(task_entries, suite.tune_epsilon, task.title, figures / f"{task.name}_cost.png")):
             if figure:
                 lines += [f"![{figure.stem}](leaderboard/{figure.name})", ""]
         panels.append((task.title, task_entries, task.delta))
-        claim_inputs.append((task.title, task.optimizer, task_entries, task.chance))
+        glance.append((task, task_entries))
+        claim_inputs.append((task.title, task_entries, task.chance))
+    if cost_only:
+        lines += ["## Cost only: tasks where nothing learns at these budgets", "",
+                  "Their speed and memory are measured like every other task's; their metric is not ranked.", ""]
+        for task, task_entries in cost_only:
+            lines += [f"### {task.title}", "", f"`{task.name}`", ""]
+            if task.note:
+                lines += [task.note, ""]
+            lines += _cost_table(task, task_entries, suite)
     headline = headline_plot(panels, figures / "headline.png")
-    if headline:
-        lines[lines.index("## Results per task"):lines.index("## Results per task")] = [
-            "![metric vs epsilon, every task](leaderboard/headline.png)", ""]
+    top = lines.index("## Results per task")
+    lines[top:top] = _glance(suite, glance) + (
+        ["![metric vs epsilon, every task](leaderboard/headline.png)", ""] if headline else [])
     claims = check_claims(claim_inputs, suite.budgets, suite.tune_epsilon)
-    lines += ["## The papers' headline claims against this table", ""]
+    lines += ["## The papers' headline claims against this table", "",
+              "Each verdict pairs the method with the task's best vanilla private method (DP-SGD or DP-Adam) seed by "
+              "seed: holds, does not hold, or not distinguishable at this budget (the 95% interval of the "
+              "difference crosses the claim's line).", ""]
     if suite.profile == "quick":
         lines += ["The quick profile trains a few steps with one seed: these verdicts exercise the checks, they "
                   "say nothing about the papers.", ""]

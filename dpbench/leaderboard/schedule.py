@@ -1,8 +1,9 @@
 """Which cells the suite runs, in which order: tuning trials, the choice, then seeds at every budget.
 
-Fairness: every method gets the same `trials` points over (learning rate, clip norm), the same quasi-random
-(Halton) points of the task's log-scale ranges, on a validation split carved from the training data, at the
-profile's tune_epsilon and seed 0. The best point by validation metric is reused at every budget and seed.
+Fairness: every method searches the same grid over (learning rate, clip norm) on the task's log-scale ranges,
+growing it past an edge until its best point is interior or the profile's limit is reached (grid.py), on a
+validation split carved from the training data, with seed 0, at each budget (or once at tune_epsilon where the
+profile says so). The best point by validation metric is the one every seed of that budget trains with.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 
 from dpbench.errors import ConfigurationError
 from dpbench.leaderboard.cells import Cell, read_outcome, run_cell
+from dpbench.leaderboard.grid import TuningGrid
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, RUNNING, Stopped
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
 
@@ -22,26 +24,9 @@ log = logging.getLogger(__name__)
 TUNING_SEED = 0
 
 
-def halton(index: int, base: int) -> float:
-    """The index-th (from 1) element of the van der Corput sequence in `base`: evenly spread points in (0, 1)."""
-    result, fraction = 0.0, 1.0
-    while index > 0:
-        fraction /= base
-        result += fraction * (index % base)
-        index //= base
-    return result
-
-
-def log_point(bounds: tuple[float, float], u: float) -> float:
-    low, high = bounds
-    return float(f"{low * (high / low) ** u:.3g}")
-
-
-def trial_points(task: Task, method: Method, trials: int) -> list[tuple[float, float | None]]:
-    """(lr, clip norm) of each trial: Halton bases 2 and 3 over the ranges; no clip norm for a non-private method."""
-    lr_range = task.lr[task.optimizer_of(method)]
-    return [(log_point(lr_range, halton(k, 2)), log_point(task.clip, halton(k, 3)) if method.private else None)
-            for k in range(1, trials + 1)]
+def start_grid(suite: Suite, task: Task, method: Method) -> TuningGrid:
+    """The method's grid on the task's first range: the same points for every method with the same optimizer."""
+    return TuningGrid.start(task.lr[task.optimizer_of(method)], task.clip if method.private else None, suite.tuning)
 
 
 def cell_for(suite: Suite, task: Task, method: Method, variant: Variant, phase: str, epsilon: float | None,
@@ -127,31 +112,47 @@ class Scheduler:
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
 
-    def _tune(self, task: Task, method: Method, variant: Variant) -> Cell | str:
-        """The variant's trials at tune_epsilon and its best one, else REFUSED (it cannot run there) or UNFINISHED
-        (no trial finished with a finite metric)."""
-        epsilon = self.suite.tune_epsilon if method.private else None
-        cells = [cell_for(self.suite, task, method, variant, "tune", epsilon, TUNING_SEED, k, lr, clip)
-                 for k, (lr, clip) in enumerate(trial_points(task, method, self.suite.trials))]
-        if self._run(cells[0]) == "refused":
-            return REFUSED
-        for cell in cells[1:]:
-            self._run(cell)
-        return cells[0] if self.dry_run else choose(cells, self.root) or UNFINISHED
+    def _tune(self, task: Task, method: Method, variant: Variant, epsilon: float | None) -> Cell | str:
+        """The variant's search at `epsilon` and its best trial, else REFUSED (it cannot run at that budget) or
+        UNFINISHED (no trial finished with a finite metric). The grid grows while its best point is on an edge."""
+        grid = start_grid(self.suite, task, method)
+        cells: dict[tuple[float, float | None], Cell] = {}
+        while True:
+            for lr, clip in grid.points():
+                if (lr, clip) in cells:
+                    continue
+                cell = cell_for(self.suite, task, method, variant, "tune", epsilon, TUNING_SEED, len(cells), lr, clip)
+                cells[(lr, clip)] = cell
+                if self._run(cell) == "refused" and cell.trial == 0:
+                    return REFUSED
+            if self.dry_run:
+                return next(iter(cells.values()))
+            best = choose(list(cells.values()), self.root)
+            if best is None:
+                return UNFINISHED
+            if not grid.extend((best.lr, best.clip_norm)):
+                if grid.limited:
+                    log.info("%s %s: the best trial lies on the grid's edge (%s)", task.name, variant.name,
+                             ", ".join(grid.limited))
+                return best
 
     def run_method(self, task: Task, method: Method) -> None:
-        """Each variant shown is tuned with the same trials before its test runs (a ladder's rungs differ too much
-        to share a choice: at few JL projections every trial trains to chance). A variant refused at tune_epsilon
-        runs its test cells at trial 0's point, which records its refusal at each budget (the tuning list shows it
-        untuned should a larger budget reach it); one whose trials all failed runs no test cell."""
-        tuned: dict[str, Cell | str] = {}
-        untuned = trial_points(task, method, self.suite.trials)[0]
-        for epsilon in self.suite.budgets if method.private else [None]:
+        """Each variant shown is tuned with the same grid before its test runs (a ladder's rungs differ too much
+        to share a choice: at few JL projections every trial trains to chance). A variant refused where it is tuned
+        runs its test cells at the grid's first point, which records its refusal at each budget; one whose trials
+        all failed runs no test cell."""
+        tuned: dict[tuple[str, float | None], Cell | str] = {}
+        untuned = start_grid(self.suite, task, method).points()[0]
+        if task.cost_only or task.fixed:
+            self._untuned(task, method)
+            return
+        for epsilon in (task.budgets or self.suite.budgets) if method.private else [None]:
             kept = 0
             for variant in method.variants():
-                if variant.name not in tuned:
-                    tuned[variant.name] = self._tune(task, method, variant)
-                chosen = tuned[variant.name]
+                budget = self.suite.tuning_budget(epsilon)
+                if (variant.name, budget) not in tuned:
+                    tuned[(variant.name, budget)] = self._tune(task, method, variant, budget)
+                chosen = tuned[(variant.name, budget)]
                 if isinstance(chosen, Cell):
                     lr, clip = chosen.lr, chosen.clip_norm
                 elif chosen == REFUSED:
@@ -167,3 +168,23 @@ class Scheduler:
                 kept += 1
                 if kept == method.keep:
                     break
+
+    def _untuned(self, task: Task, method: Method) -> None:
+        """A cost-only task's seeds at the grid's centre and tune_epsilon (its costs, not its metric, are shown);
+        a published recipe's at its own hyperparameters and each of the task's budgets."""
+        if task.fixed:
+            lr, clip = task.fixed[0], task.fixed[1] if method.private else None
+            budgets = task.budgets or self.suite.budgets
+        else:
+            points = start_grid(self.suite, task, method).points()
+            lr, clip = points[len(points) // 2]
+            budgets = (self.suite.tune_epsilon,)
+        for epsilon in budgets if method.private else [None]:
+            for variant in method.variants():
+                cells = [cell_for(self.suite, task, method, variant, "test", epsilon, seed, None, lr, clip)
+                         for seed in self.suite.seeds]
+                if self._run(cells[0]) == "refused":
+                    continue
+                for cell in cells[1:]:
+                    self._run(cell)
+                break

@@ -9,6 +9,7 @@ from typing import Any
 from omegaconf import OmegaConf
 
 from dpbench.errors import ConfigurationError
+from dpbench.leaderboard.grid import GridSpec
 from dpbench.methods import method_label
 
 
@@ -42,6 +43,16 @@ class Method:
 
 
 @dataclass(frozen=True)
+class Anchor:
+    """A published number: which method, at which budget, in which paper, table and setting."""
+
+    method: str
+    epsilon: float | None
+    value: float
+    source: str
+
+
+@dataclass(frozen=True)
 class Task:
     name: str
     title: str
@@ -59,6 +70,14 @@ class Task:
     chance: float | None = None
     """The test accuracy of a constant prediction (the majority class): no claim is judged nor winner named below
     it."""
+    anchors: tuple[Anchor, ...] = ()
+    """Published figures this task reproduces, shown beside the cell that reproduces each."""
+    cost_only: bool = False
+    """Nothing learns here at any budget tried: the task's speed and memory are shown, its metric is not ranked."""
+    fixed: tuple[float, float | None] | None = None
+    """(lr, clip): a published recipe's hyperparameters, run as they are instead of tuned (a paper's anchor)."""
+    budgets: tuple[float, ...] | None = None
+    """The profile's budgets this task runs at, where it runs fewer (a paper's anchor at its own epsilon)."""
 
     def skip_reason(self) -> str | None:
         """Why the task cannot run on this machine (its data is not installed), or None."""
@@ -77,12 +96,24 @@ class Suite:
     common: tuple[str, ...]
     budgets: tuple[float, ...]
     tune_epsilon: float
-    trials: int
+    """The budget whose costs the report shows, and where a profile that does not tune at every budget tunes."""
+    tuning: GridSpec
     seeds: tuple[int, ...]
     tasks: tuple[Task, ...]
     path: Path
     omitted: tuple[str, ...] = ()
     """Tasks of the suite file that this profile leaves out."""
+
+    @property
+    def trials(self) -> int:
+        """Trials per method and budget on the first range of the grid."""
+        return self.tuning.trials
+
+    def tuning_budget(self, epsilon: float | None) -> float | None:
+        """The budget a method's trials run at for its runs at `epsilon` (None: a non-private method)."""
+        if epsilon is None:
+            return None
+        return epsilon if self.tuning.each_budget else self.tune_epsilon
 
 
 def default_suite_path() -> Path:
@@ -108,6 +139,38 @@ def _method(name: str, spec: dict[str, Any], where: Path) -> Method:
         ladder_short=str(ladder.get("short", "")), ladder_values=tuple(ladder.get("values", [])),
         keep=int(ladder.get("keep", 1)),
     )
+
+
+def _anchors(task: str, raw: list[dict[str, Any]], where: Path) -> tuple[Anchor, ...]:
+    anchors = []
+    for spec in raw:
+        missing = {"method", "value", "paper", "where", "setting"} - set(spec)
+        if missing:
+            raise ConfigurationError(f"{where}: tasks.{task}.anchors entry {spec} lacks {sorted(missing)}")
+        source = f"{spec['paper']}, {spec['where']}: {spec['setting']}"
+        epsilon = spec.get("epsilon")
+        anchors.append(Anchor(str(spec["method"]), None if epsilon is None else float(epsilon), float(spec["value"]),
+                              source))
+    return tuple(anchors)
+
+
+def _fixed(task: str, raw: dict[str, Any] | None, where: Path) -> tuple[float, float | None] | None:
+    if raw is None:
+        return None
+    if set(raw) - {"lr", "clip"} or "lr" not in raw:
+        raise ConfigurationError(f"{where}: tasks.{task}.fixed takes lr (and clip), got {sorted(raw)}")
+    return float(raw["lr"]), None if raw.get("clip") is None else float(raw["clip"])
+
+
+def _grid(raw: dict[str, Any], where: str) -> GridSpec:
+    unknown = set(raw) - {"lr_points", "clip_points", "max_growth", "each_budget"}
+    if unknown:
+        raise ConfigurationError(f"{where}.tuning has unknown keys {sorted(unknown)}")
+    try:
+        return GridSpec(int(raw["lr_points"]), int(raw["clip_points"]), float(raw["max_growth"]),
+                        bool(raw["each_budget"]))
+    except KeyError as missing:
+        raise ConfigurationError(f"{where}.tuning lacks {missing}") from None
 
 
 def _labelled(method: Method, task_optimizer: str) -> Method:
@@ -154,16 +217,23 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
             delta=float(spec.get("delta", raw["delta"])),
             requires=spec.get("requires"),
             note=spec.get("note"), chance=None if spec.get("chance") is None else float(spec["chance"]),
+            anchors=_anchors(task_name, spec.get("anchors", []), path), cost_only=bool(spec.get("cost_only", False)),
+            fixed=_fixed(task_name, spec.get("fixed"), path),
+            budgets=None if spec.get("budgets") is None else tuple(float(b) for b in spec["budgets"]),
         ))
+        if tasks[-1].budgets and not set(tasks[-1].budgets) <= set(float(b) for b in chosen["budgets"]):
+            raise ConfigurationError(f"{path}: tasks.{task_name}.budgets {list(tasks[-1].budgets)} are not all among "
+                                     f"profile {profile!r}'s budgets {chosen['budgets']}")
     tune_epsilon = float(chosen["tune_epsilon"])
     budgets = tuple(float(b) for b in chosen["budgets"])
     if tune_epsilon not in budgets:
         raise ConfigurationError(f"{path}: profile {profile!r} tune_epsilon {tune_epsilon} is not one of {budgets}")
-    if int(chosen["trials"]) < 1 or not chosen["seeds"]:
-        raise ConfigurationError(f"{path}: profile {profile!r} needs trials >= 1 and at least one seed")
+    if not chosen["seeds"]:
+        raise ConfigurationError(f"{path}: profile {profile!r} needs at least one seed")
     return Suite(
         profile=profile, delta=float(raw["delta"]), common=tuple(raw.get("common", [])), budgets=budgets,
-        tune_epsilon=tune_epsilon, trials=int(chosen["trials"]), seeds=tuple(int(s) for s in chosen["seeds"]),
+        tune_epsilon=tune_epsilon, tuning=_grid(chosen.get("tuning") or {}, f"{path}: profiles.{profile}"),
+        seeds=tuple(int(s) for s in chosen["seeds"]),
         tasks=tuple(tasks), path=path,
         omitted=tuple(name for name in raw.get("tasks", {}) if name not in chosen["tasks"]),
     )

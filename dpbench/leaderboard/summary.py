@@ -1,4 +1,4 @@
-"""Cell outcomes -> per (task, variant, epsilon) entries: mean and spread over seeds, costs, refusals."""
+"""Cell outcomes -> per (task, variant, epsilon) entries: mean and 95% interval over seeds, costs, refusals."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from statistics import mean, stdev
 
 from dpbench.leaderboard.cells import Outcome
+from dpbench.report.stats import interval95
 
 
 def _finite(value: object) -> float | None:
@@ -34,7 +35,8 @@ class Entry:
     label: str
     epsilon: float | None
     metric: str | None = None
-    values: list[float] = field(default_factory=list)
+    by_seed: dict[int, float] = field(default_factory=dict)
+    """Each seed's test value: comparisons pair methods seed by seed."""
     spent: list[float] = field(default_factory=list)
     samples_per_s: list[float] = field(default_factory=list)
     peak_mb: list[float] = field(default_factory=list)
@@ -42,9 +44,15 @@ class Entry:
     step_s: list[float] = field(default_factory=list)
     lr: float | None = None
     clip_norm: float | None = None
+    device: str | None = None
+    """Where the seeds ran (cpu, or the GPU's name): a verdict holds at the scale and on the device measured."""
     refused: str | None = None
     failed: list[str] = field(default_factory=list)
     pending: int = 0
+
+    @property
+    def values(self) -> list[float]:
+        return list(self.by_seed.values())
 
     @property
     def mean(self) -> float | None:
@@ -54,6 +62,11 @@ class Entry:
     def std(self) -> float | None:
         return stdev(self.values) if len(self.values) > 1 else None
 
+    @property
+    def interval(self) -> tuple[float, float] | None:
+        """Student-t 95% interval of the mean over seeds (None under two seeds)."""
+        return interval95(self.values)
+
     def cost(self, name: str) -> float | None:
         values = getattr(self, name)
         return mean(values) if values else None
@@ -61,10 +74,11 @@ class Entry:
 
 @dataclass
 class Tuning:
-    """The tuning trials of one variant: (lr, clip, validation value or the outcome) per trial."""
+    """The tuning trials of one variant at one budget: (lr, clip, validation value, the outcome) per trial."""
 
     variant: str
     label: str
+    epsilon: float | None
     trials: list[tuple[float, float | None, float | None, str]] = field(default_factory=list)
 
 
@@ -80,9 +94,10 @@ def _add(entry: Entry, outcome: Outcome) -> None:
         return
     results = outcome.results or {}
     entry.metric = results["test_metric"]
+    entry.device = results.get("device") or entry.device
     value = outcome.value("test")
     if value is not None:
-        entry.values.append(value)
+        entry.by_seed[int(outcome.cell["seed"])] = value
     for target, key in (("spent", "epsilon"), ("samples_per_s", "samples_per_s"), ("peak_mb", "peak_memory_mb"),
                         ("wall_s", "train_time_s")):
         number = _finite(results.get(key))
@@ -100,7 +115,8 @@ def summarize(outcomes: list[Outcome]) -> tuple[dict[str, list[Entry]], dict[str
     for outcome in outcomes:
         cell = outcome.cell
         if cell["phase"] == "tune":
-            record = tuning.setdefault((cell["task"], cell["variant"]), Tuning(cell["variant"], cell["label"]))
+            record = tuning.setdefault((cell["task"], cell["variant"], cell["epsilon"]),
+                                       Tuning(cell["variant"], cell["label"], cell["epsilon"]))
             record.trials.append((cell["lr"], cell["clip_norm"], outcome.value("validation"), outcome.status))
             continue
         key = (cell["task"], cell["variant"], cell["epsilon"])
@@ -117,6 +133,6 @@ def summarize(outcomes: list[Outcome]) -> tuple[dict[str, list[Entry]], dict[str
     for entry in entries.values():
         by_task[entry.task].append(entry)
     tuning_by_task: dict[str, list[Tuning]] = defaultdict(list)
-    for (task, _), record in tuning.items():
+    for (task, _, _), record in tuning.items():
         tuning_by_task[task].append(record)
     return dict(by_task), dict(tuning_by_task)

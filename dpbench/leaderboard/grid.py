@@ -1,0 +1,137 @@
+"""Each method's tuning: learning rate and clip norm searched jointly on a log grid that grows past an edge until
+the best point is interior.
+
+A grid rather than a sampler: every method gets exactly the same points, a resumed suite re-derives the same
+extensions from the trials it recorded, and "interior" has one meaning (the best value has an explored neighbour on
+both sides, on each axis). A non-private method has no clip norm: its learning-rate axis gets as many points as a
+private method's whole grid, over the same range, so that its tuning is as fine.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from dpbench.errors import ConfigurationError
+
+
+def _rounded(value: float) -> float:
+    return float(f"{value:.3g}")
+
+
+@dataclass(frozen=True)
+class GridSpec:
+    """The profile's tuning: points per axis on the task's ranges, and how far past them the grid may grow."""
+
+    lr_points: int
+    clip_points: int
+    max_growth: float
+    """The most a range may grow past each of its ends (a factor): the search's documented limit."""
+    each_budget: bool
+    """Tune at every budget (else once, at the profile's tune_epsilon, and reuse the choice)."""
+
+    def __post_init__(self) -> None:
+        if self.lr_points < 1 or self.clip_points < 1 or self.max_growth < 1:
+            raise ConfigurationError(f"tuning needs lr_points >= 1, clip_points >= 1 and max_growth >= 1, got {self}")
+
+    @property
+    def trials(self) -> int:
+        """Trials on the first range (the same for private and non-private methods)."""
+        return self.lr_points * self.clip_points
+
+
+@dataclass
+class Axis:
+    """Explored values of one hyperparameter, log-spaced by `ratio`; it grows one step at a time past an edge."""
+
+    values: list[float]
+    ratio: float
+    floor: float
+    ceiling: float
+
+    @classmethod
+    def over(cls, bounds: tuple[float, float], points: int, max_growth: float) -> Axis:
+        low, high = bounds
+        if points == 1:
+            return cls([_rounded(math.sqrt(low * high))], 1.0, low, high)
+        ratio = (high / low) ** (1 / (points - 1))
+        values = [_rounded(low * ratio**k) for k in range(points)]
+        return cls(values, ratio, low / max_growth, high * max_growth)
+
+    def side(self, best: float) -> int:
+        """-1 / +1 when the best value is the lowest / highest explored one (and the axis can move), else 0."""
+        if self.ratio == 1.0:
+            return 0
+        if best == self.values[0]:
+            return -1
+        return 1 if best == self.values[-1] else 0
+
+    def grow(self, side: int) -> float | None:
+        """The next value past that edge, or None when it would leave [floor, ceiling] (the limit)."""
+        edge = self.values[0] if side < 0 else self.values[-1]
+        value = _rounded(edge * self.ratio**side)
+        if value < self.floor * (1 - 1e-9) or value > self.ceiling * (1 + 1e-9):
+            return None
+        self.values = [value, *self.values] if side < 0 else [*self.values, value]
+        return value
+
+
+@dataclass
+class TuningGrid:
+    """The points tried so far; `extend` adds the next row or column past the best point's edge."""
+
+    lr: Axis
+    clip: Axis | None
+    limited: list[str] = field(default_factory=list)
+    """Edges where the optimum still lies when the grid may not grow further (reported as the search's limit)."""
+
+    @classmethod
+    def start(cls, lr_range: tuple[float, float], clip_range: tuple[float, float] | None, spec: GridSpec) -> TuningGrid:
+        if clip_range is None:
+            return cls(Axis.over(lr_range, spec.trials, spec.max_growth), None)
+        return cls(Axis.over(lr_range, spec.lr_points, spec.max_growth),
+                   Axis.over(clip_range, spec.clip_points, spec.max_growth))
+
+    def points(self) -> list[tuple[float, float | None]]:
+        """Every (lr, clip) of the grid, in a fixed order (learning rate first)."""
+        clips = self.clip.values if self.clip else [None]
+        return [(lr, clip) for lr in self.lr.values for clip in clips]
+
+    def extend(self, best: tuple[float, float | None]) -> bool:
+        """Grow the grid past each edge the best point lies on; False when it is interior or at the limit."""
+        grew = False
+        self.limited = []
+        for name, axis, value in (("lr", self.lr, best[0]), ("clip", self.clip, best[1])):
+            if axis is None or value is None:
+                continue
+            side = axis.side(value)
+            if side == 0:
+                continue
+            if axis.grow(side) is None:
+                self.limited.append(f"{name} at its {'lower' if side < 0 else 'upper'} limit")
+            else:
+                grew = True
+        return grew
+
+
+def optimum_status(trials: list[tuple[float, float | None, float | None]], lr_range: tuple[float, float],
+                   clip_range: tuple[float, float] | None, spec: GridSpec, maximize: bool) -> str:
+    """What a finished search found, from its recorded trials (lr, clip, validation value): "interior on the first
+    range", "interior after growing the range" or "on the edge: ..." (the search's limit)."""
+    finished = [t for t in trials if t[2] is not None]
+    if not finished:
+        return "no trial finished"
+    best = max(finished, key=lambda t: t[2] if maximize else -t[2])
+    first = TuningGrid.start(lr_range, clip_range, spec)
+    grown = any(lr not in first.lr.values or (first.clip and clip not in first.clip.values)
+                for lr, clip, _ in trials)
+    edges = []
+    lrs = sorted({t[0] for t in trials})
+    if len(lrs) > 1 and best[0] in (lrs[0], lrs[-1]):
+        edges.append("lr")
+    clips = sorted({t[1] for t in trials if t[1] is not None})
+    if len(clips) > 1 and best[1] in (clips[0], clips[-1]):
+        edges.append("clip")
+    if edges:
+        return f"on the edge of the grid ({' and '.join(edges)}) at the search's limit"
+    return "interior after growing the range" if grown else "interior on the first range"

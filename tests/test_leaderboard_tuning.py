@@ -1,0 +1,171 @@
+"""The leaderboard's tuning grid: the same points for every method, grown past an edge until the optimum is interior
+(or the documented limit), tuned at each budget; and the report and figures built from its cells."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+from matplotlib import image
+
+from dpbench.errors import ConfigurationError
+from dpbench.leaderboard import Scheduler, build, load_suite
+from dpbench.leaderboard.grid import GridSpec, TuningGrid, optimum_status
+from dpbench.leaderboard.plots import cost_plot
+from dpbench.leaderboard.summary import Entry
+from dpbench.results import write_json_atomic
+
+SUITE = """
+delta: 1.0e-5
+common: []
+methods:
+  nonprivate: {label: non-private, overrides: [privatizer=nonprivate], optimizer: task, private: false}
+  dpsgd: {label: DP-SGD, overrides: [privatizer=vanilla], optimizer: sgd}
+  d2p2: {label: D2P2-SGD, overrides: [privatizer=d2p2], optimizer: sgd}
+tasks:
+  cnn:
+    title: CNN (26K)
+    overrides: [model=cnn, data=mnist5k]
+    optimizer: sgd
+    lr: {sgd: [0.5, 2.0]}
+    clip: [0.5, 2.0]
+    validation_size: 200
+    anchors:
+      - {method: dpsgd, epsilon: 3, value: 0.9, paper: Somebody et al. 2021, where: Table 1, setting: "the same CNN"}
+  lstm:
+    title: BiLSTM (587K)
+    overrides: [model=lstm, data=rotten_tomatoes]
+    optimizer: sgd
+    lr: {sgd: [0.5, 2.0]}
+    clip: [0.5, 2.0]
+    validation_size: 200
+    cost_only: true
+    note: Nothing learns here.
+profiles:
+  p:
+    budgets: [1, 3]
+    tune_epsilon: 3
+    tuning: {lr_points: 3, clip_points: 3, max_growth: 16, each_budget: true}
+    seeds: [0, 1, 2]
+    tasks:
+      cnn: {methods: [nonprivate, dpsgd, d2p2]}
+      lstm: {methods: [dpsgd]}
+"""
+
+
+def _suite(tmp_path: Path, text: str = SUITE):
+    path = tmp_path / "suite.yaml"
+    path.write_text(text)
+    return load_suite("p", path)
+
+
+def score(cell) -> float:
+    """Validation accuracy peaking at lr 8 (outside the first range [0.5, 2]) and clip 1, better at larger epsilon;
+    D2P2 a point better than DP-SGD at every seed; seeds differ by a fixed offset."""
+    lr_term = -abs(np.log2(cell.lr / 8.0)) * 0.05
+    clip_term = 0.0 if cell.clip_norm is None else -abs(np.log2(cell.clip_norm)) * 0.05
+    epsilon_term = 0.0 if cell.epsilon is None else 0.02 * cell.epsilon
+    method_term = 0.01 if cell.method == "d2p2" else 0.0
+    return 0.7 + lr_term + clip_term + epsilon_term + method_term + 0.003 * cell.seed
+
+
+class Simulated(Scheduler):
+    """Writes each cell's outcome from `score` instead of training: the search's logic, not the models, is tested."""
+
+    def _run(self, cell):
+        self.planned.append(cell)
+        directory = cell.directory(self.root)
+        directory.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(directory / "cell.json", {**cell.__dict__, "process_wall_s": 1.0})
+        value = score(cell)
+        results = {"test_metric": "accuracy", "device": "cpu", "epsilon": cell.epsilon, "train_time_s": 10.0,
+                   "steps": 100, "samples_per_s": 500.0 if cell.method == "d2p2" else 800.0,
+                   "peak_memory_mb": 100.0 + 5 * cell.seed}
+        results["validation_accuracy" if cell.phase == "tune" else "test_accuracy"] = value
+        write_json_atomic(directory / "results.json", results)
+        return "done"
+
+
+def test_the_grid_grows_past_an_edge_until_the_optimum_is_interior(tmp_path):
+    suite = _suite(tmp_path)
+    scheduler = Simulated(suite, tmp_path / "cells")
+    cnn = suite.tasks[0]
+    scheduler.run_method(cnn, cnn.methods[1])
+    for epsilon in (1, 3):  # tuned at each budget, each with its own search
+        trials = [c for c in scheduler.planned if c.phase == "tune" and c.epsilon == epsilon]
+        lrs = sorted({c.lr for c in trials})
+        assert lrs == [0.5, 1.0, 2.0, 4.0, 8.0, 16.0]  # grown three steps up: 8 is interior
+        assert sorted({c.clip_norm for c in trials}) == [0.5, 1.0, 2.0]  # clip 1 was interior from the start
+        assert len(trials) == 18 and [c.trial for c in trials] == list(range(18))
+        tests = [c for c in scheduler.planned if c.phase == "test" and c.epsilon == epsilon]
+        assert {(c.lr, c.clip_norm) for c in tests} == {(8.0, 1.0)} and sorted(c.seed for c in tests) == [0, 1, 2]
+    finished = [(c.lr, c.clip_norm, score(c)) for c in scheduler.planned if c.phase == "tune" and c.epsilon == 3]
+    assert optimum_status(finished, (0.5, 2.0), (0.5, 2.0), suite.tuning, True) == "interior after growing the range"
+
+
+def test_the_search_stops_at_its_limit_and_says_so(tmp_path):
+    suite = _suite(tmp_path, SUITE.replace("max_growth: 16", "max_growth: 2"))
+    scheduler = Simulated(suite, tmp_path / "cells")
+    cnn = suite.tasks[0]
+    scheduler.run_method(cnn, cnn.methods[1])
+    trials = [c for c in scheduler.planned if c.phase == "tune" and c.epsilon == 3]
+    assert sorted({c.lr for c in trials}) == [0.5, 1.0, 2.0, 4.0]  # 8 would pass 2 x 2.0
+    status = optimum_status([(c.lr, c.clip_norm, score(c)) for c in trials], (0.5, 2.0), (0.5, 2.0), suite.tuning,
+                            True)
+    assert status == "on the edge of the grid (lr) at the search's limit"
+
+
+def test_a_diverged_trial_past_the_edge_makes_the_optimum_interior():
+    grid = TuningGrid.start((0.5, 2.0), None, GridSpec(3, 1, 16, True))
+    assert grid.lr.values == [0.5, 1.0, 2.0] and grid.extend((2.0, None))
+    assert grid.lr.values[-1] == 4.0
+    trials = [(0.5, None, 0.5), (1.0, None, 0.6), (2.0, None, 0.7), (4.0, None, None)]  # lr 4 diverged
+    assert optimum_status(trials, (0.5, 2.0), None, GridSpec(3, 1, 16, True), True) == (
+        "interior after growing the range")
+    interior = [(0.5, None, 0.5), (1.0, None, 0.8), (2.0, None, 0.7)]
+    assert optimum_status(interior, (0.5, 2.0), None, GridSpec(3, 1, 16, True), True) == "interior on the first range"
+
+
+def test_bad_tuning_blocks_are_refused(tmp_path):
+    with pytest.raises(ConfigurationError, match="unknown keys"):
+        _suite(tmp_path, SUITE.replace("each_budget: true", "each_budget: true, trails: 3"))
+    with pytest.raises(ConfigurationError, match="lacks 'each_budget'"):
+        _suite(tmp_path, SUITE.replace(", each_budget: true", ""))
+    with pytest.raises(ConfigurationError, match="lacks"):
+        _suite(tmp_path, SUITE.replace("where: Table 1, ", ""))
+
+
+def test_report_glance_anchors_tuning_counts_and_cost_only_section(tmp_path):
+    suite = _suite(tmp_path)
+    root, docs = tmp_path / "cells", tmp_path / "docs"
+    Simulated(suite, root).run()
+    markdown = build(suite, root, docs, "pytest").read_text()
+    glance = markdown.split("## At a glance")[1].split("## Results per task")[0]
+    # D2P2 wins by exactly one point at every seed: a zero-width interval, "holds".
+    assert ("| CNN (26K) | 3 | D2P2-SGD 77.3% [76.6, 78.0] | DP-SGD | +1.0 points [+1.0, +1.0] over 3 paired seeds "
+            "| holds | 1.00x memory, 1.00x time |") in glance
+    assert "Published figures this task reproduces:" in markdown
+    assert ("- Somebody et al. 2021, Table 1: the same CNN: 90.0% at epsilon 3; DP-SGD here 76.3% [75.6, 77.0], -13.7 "
+            "points") in markdown
+    assert "- non-private: 18 trials (18 finished), best lr 8.02 -> 70.0%, interior after growing the range" in markdown
+    assert "published 90.0% (Somebody et al. 2021, Table 1: the same CNN)" in markdown  # beside the cell too
+    assert ("Tuning (validation accuracy, seed 0): 5 searches, 0 with the optimum interior on the first range, 5 "
+            "interior after growing it, 0 on the edge") in markdown
+    cost_only = markdown.split("## Cost only")[1].split("## The papers'")[0]
+    assert "Nothing learns here." in cost_only and "| DP-SGD | 800 |" in cost_only
+    assert "BiLSTM" not in glance and "BiLSTM" not in markdown.split("## The papers'")[1].split("## Claims")[0]
+    assert "D2P2 (better than DP-SGD, especially at small epsilon), CNN (26K), on CPU" in markdown
+
+
+def test_a_cost_figure_renders_to_a_non_blank_png(tmp_path):
+    def measured(method: str, label: str, peak: list[float], accuracy: float) -> Entry:
+        return Entry("t", method, method, label, 3, metric="accuracy",
+                     by_seed={0: accuracy - 0.01, 1: accuracy, 2: accuracy + 0.01}, peak_mb=peak,
+                     step_s=[0.1, 0.11, 0.12])
+
+    entries = [measured("dpsgd", "DP-SGD", [200, 204, 202], 0.9), measured("grape", "DP-GRAPE", [120, 121, 119], 0.88),
+               measured("jl", "JL (r=10)", [300, 305, 310], 0.91)]
+    path = cost_plot(entries, 3, "CNN (26K) on MNIST-5k", tmp_path / "cost.png")
+    assert path.stat().st_size > 20_000
+    pixels = image.imread(path)
+    assert pixels.shape[0] > 300 and pixels.shape[1] > 1000
+    assert pixels[..., :3].std() > 0.05  # not a blank canvas
