@@ -15,7 +15,8 @@ from dpbench.leaderboard.cells import Cell, read_outcome, run_cell
 from dpbench.leaderboard.claims import fmt_value
 from dpbench.leaderboard.launch import LAUNCHERS
 from dpbench.leaderboard.plots import pareto
-from dpbench.leaderboard.schedule import choose, start_grid
+from dpbench.leaderboard.schedule import choose
+from dpbench.leaderboard.trial_cells import start_grid
 from dpbench.results import write_json_atomic
 
 TINY = """

@@ -1,14 +1,15 @@
 """`python -m dpbench.leaderboard --private-tuning --plan` on a tiny suite: every private method's epsilon with tuning,
 from the compositions its cells would run, and no cell run."""
 
+import json
 import re
 
 import pytest
 
 from dpbench.leaderboard.__main__ import main
 from dpbench.leaderboard.private_tuning import DEFAULT_SCORE_NOISE, PrivateTuning, plan_rows, run_privacy
-from dpbench.leaderboard.schedule import cell_for, start_grid
 from dpbench.leaderboard.suite import load_suite
+from dpbench.leaderboard.trial_cells import cell_for, start_grid
 from dpbench.privacy.tuning import TrialCount, tuning_epsilon
 
 TINY = """
@@ -27,6 +28,13 @@ tasks:
     clip: [0.5, 2.0]
     validation_size: 400
 profiles:
+  run:
+    budgets: [1]
+    tune_epsilon: 1
+    tuning: {lr_points: 2, clip_points: 2, max_growth: 1, each_budget: true}
+    seeds: [0]
+    tasks:
+      cnn: {methods: [dpsgd], overrides: [max_steps=4, profiler.warmup_steps=1]}
   tiny:
     budgets: [1, 3]
     tune_epsilon: 3
@@ -95,7 +103,6 @@ def test_the_trial_is_the_tuning_cells_run_and_the_final_run_the_test_cells(suit
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["--private-tuning"], "runs only with --plan"),
     (["--plan"], "--plan goes with --private-tuning"),
     (["--private-tuning", "--plan", "--tuning-mean", "0"], "mean number of tuning trials"),
     (["--private-tuning", "--plan", "--tuning-shape", "-1"], "shape of the number of tuning trials"),
@@ -105,3 +112,34 @@ def test_bad_private_tuning_options_are_refused_in_one_line(suite_file, capsys, 
     assert main([*argv, "--suite", str(suite_file), "--profile", "tiny"]) == 2
     err = capsys.readouterr().err
     assert message in err and err.count("\n") == 1
+
+
+def test_private_tuning_runs_a_secret_number_of_trials_and_reports_its_epsilon_beside_the_run_s(suite_file, tmp_path):
+    """Through the real CLI: K trials drawn from the suite's secret (the same K when the suite resumes), the winner by
+    noisy score trains the test cell, and the epsilon with tuning is dp-accounting's composition of the trial and
+    the final run as their cells run them."""
+    root, docs = tmp_path / "root", tmp_path / "docs"
+    argv = ["--private-tuning", "--tuning-mean", "3", "--suite", str(suite_file), "--profile", "run", "--root",
+            str(root), "--docs", str(docs), "--launcher", "subprocess"]
+    assert main(argv) == 0
+    secret = root / ".tuning_secret"
+    assert secret.stat().st_mode & 0o077 == 0  # the owner's only
+    tunes = sorted((root / "cnn" / "dpsgd").glob("tune_eps1_t*"))
+    assert tunes and [t.name for t in tunes] == [f"tune_eps1_t{k}" for k in range(len(tunes))]
+    selection = json.loads((root / "cnn" / "dpsgd" / "selection_eps1.json").read_text())
+    final = json.loads((root / "cnn" / "dpsgd" / "eps1_s0" / "cell.json").read_text())
+    assert (final["lr"], final["clip_norm"]) == (selection["lr"], selection["clip_norm"])
+    winner = next(json.loads((t / "cell.json").read_text()) for t in tunes
+                  if (json.loads((t / "cell.json").read_text())["lr"], json.loads((t / "cell.json").read_text())[
+                      "clip_norm"]) == (selection["lr"], selection["clip_norm"]))
+    trial, run = run_privacy(winner["overrides"]), run_privacy(final["overrides"])
+    expected = tuning_epsilon(trial.composition, run.composition, TrialCount(3, 1), 1e-5, DEFAULT_SCORE_NOISE)
+    assert selection["with_tuning"] == pytest.approx(expected.with_tuning)
+    assert selection["with_tuning"] > selection["per_run"] == pytest.approx(1, abs=0.01)
+    markdown = (docs / "leaderboard.md").read_text()
+    assert f"epsilon {selection['per_run']:.2f} per run, {selection['with_tuning']:.2f} with tuning" in markdown
+    assert "tuned privately (geometric number of trials, mean 3" in markdown
+    assert secret.read_text() not in markdown and "trials (" not in markdown  # neither the secret nor K is shown
+
+    assert main(argv) == 0  # resumed: the same secret, so the same K, and no cell runs again
+    assert sorted((root / "cnn" / "dpsgd").glob("tune_eps1_t*")) == tunes

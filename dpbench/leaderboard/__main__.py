@@ -1,5 +1,5 @@
 """python -m dpbench.leaderboard [--quick] [--report-only] [--dry-run] [--root DIR] [--docs DIR] [--suite FILE]
-[--private-tuning --plan [--tuning-mean M] [--tuning-shape S] [--score-noise Z]]."""
+[--private-tuning [--plan] [--tuning-mean M] [--tuning-shape S] [--score-noise Z]]."""
 
 from __future__ import annotations
 
@@ -38,8 +38,9 @@ def _stop(signum: int, frame: object) -> None:
 
 
 NOTE = ("Note: each run's epsilon does not count the tuning trials; selecting hyperparameters on private data "
-        "spends privacy that the leaderboard does not include (--private-tuning --plan prints what a private tuning "
-        "would add).")
+        "spends privacy that the leaderboard does not include (--private-tuning tunes privately and reports it).")
+PRIVATE_NOTE = ("Private tuning: each private method's epsilon with its tuning is reported beside its per-run epsilon; "
+                "the non-private baseline is tuned on the grid.")
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -65,9 +66,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                              "speed and memory are its own; raise it on a cluster)")
     parser.add_argument("--dry-run", action="store_true", help="list the cells that the suite would run")
     parser.add_argument("--private-tuning", action="store_true",
-                        help="Papernot-Steinke private tuning: a random number of trials, noisy validation scores, "
-                             "only the winner released and its privacy counted (with --plan: its epsilon per method; "
-                             "the suite itself still tunes non-privately)")
+                        help="Papernot-Steinke private tuning of every private method: a secret random number of "
+                             "trials over its grid, noisy validation scores, only the winner released and its privacy "
+                             "counted beside each run's (cells under outputs/leaderboard/<profile>-private; with "
+                             "--plan: print each method's epsilon with tuning, run no cell)")
     parser.add_argument("--plan", action="store_true",
                         help="with --private-tuning: print each method's per-run epsilon and its epsilon with private "
                              "tuning, run no cell")
@@ -97,22 +99,15 @@ def _parameter(text: str) -> tuple[str, object]:
     return key, yaml.safe_load(value)
 
 
-def _private_tuning(args: argparse.Namespace, suite: Suite) -> int:
-    """The private-tuning plan; running the suite with private tuning is refused until the scheduler does it."""
+def _private_tuning(args: argparse.Namespace, suite: Suite) -> PrivateTuning | None:
+    """The private tuning the flags ask for (None without --private-tuning)."""
     if not args.private_tuning:
-        print("dpbench.leaderboard: error: --plan goes with --private-tuning (--dry-run lists the cells)",
-              file=sys.stderr)
-        return 2
-    if not args.plan:
-        print("dpbench.leaderboard: error: --private-tuning runs only with --plan for now (it prints each method's "
-              "epsilon with private tuning): the suite's scheduler still tunes non-privately", file=sys.stderr)
-        return 2
-    try:
-        mean = suite.trials if args.tuning_mean is None else args.tuning_mean
-        tuning = PrivateTuning(TrialCount(mean, args.tuning_shape), args.score_noise)
-    except ConfigurationError as error:
-        print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
-        return 2
+        return None
+    mean = suite.trials if args.tuning_mean is None else args.tuning_mean
+    return PrivateTuning(TrialCount(mean, args.tuning_shape), args.score_noise)
+
+
+def _plan(suite: Suite, tuning: PrivateTuning) -> int:
     print(header(suite, tuning), flush=True)
     for row in plan_rows(suite, tuning):
         print(describe(row), flush=True)
@@ -137,23 +132,33 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as error:
         print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
         return 2
-    if args.private_tuning or args.plan:
-        return _private_tuning(args, suite)
-    root = args.root or Path("outputs") / "leaderboard" / profile
+    try:
+        tuning = _private_tuning(args, suite)
+    except ConfigurationError as error:
+        print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
+        return 2
+    if args.plan:
+        if tuning is None:
+            print("dpbench.leaderboard: error: --plan goes with --private-tuning (--dry-run lists the cells)",
+                  file=sys.stderr)
+            return 2
+        return _plan(suite, tuning)
+    root = args.root or Path("outputs") / "leaderboard" / (f"{profile}-private" if tuning else profile)
     command = ["python", "-m", "dpbench.leaderboard", *(sys.argv[1:] if argv is None else argv)]
     if args.dry_run:
-        scheduler = Scheduler(suite, root, dry_run=True)
+        scheduler = Scheduler(suite, root, dry_run=True, private_tuning=tuning)
         scheduler.run()
         for cell in scheduler.planned:
             print(cell.directory(root))
         print(f"{len(scheduler.planned)} cells at least (ladder rungs that are refused add more)")
         return 0
     if not args.report_only:
-        print(NOTE, flush=True)
+        print(PRIVATE_NOTE if tuning else NOTE, flush=True)
         started, clock = datetime.now(timezone.utc), time.perf_counter()
         previous = signal.signal(signal.SIGTERM, _stop)
         try:
-            Scheduler(suite, root, launcher=args.launcher, parameters=parameters, jobs=args.jobs).run()
+            Scheduler(suite, root, launcher=args.launcher, parameters=parameters, jobs=args.jobs,
+                      private_tuning=tuning).run()
         except (KeyboardInterrupt, SystemExit) as stop:
             record_invocation(root, command, started, time.perf_counter() - clock, stopped=True)
             print(f"dpbench.leaderboard: stopped; the finished cells are kept under {root}: run the same command "
@@ -163,7 +168,7 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(signal.SIGTERM, previous)
         record_invocation(root, command, started, time.perf_counter() - clock)
     path = build(suite, root, args.docs, " ".join(command))
-    print(f"wrote {path}\n{NOTE}")
+    print(f"wrote {path}\n{PRIVATE_NOTE if tuning else NOTE}")
     return 0
 
 

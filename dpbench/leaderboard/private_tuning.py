@@ -16,8 +16,8 @@ from dataclasses import dataclass
 from omegaconf import DictConfig
 
 from dpbench.errors import ConfigurationError
-from dpbench.leaderboard.schedule import TUNING_SEED, cell_for, start_grid
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
+from dpbench.leaderboard.trial_cells import TUNING_SEED, cell_for, start_grid
 from dpbench.privacy.mechanisms import Composition
 from dpbench.privacy.tuning import TrialCount, TuningEpsilon, run_event, tuning_epsilon
 from dpbench.privacy.tuning_draws import score_sensitivity

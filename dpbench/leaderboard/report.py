@@ -16,6 +16,7 @@ from dpbench.leaderboard.claims import check_claims, fmt_entry, fmt_value, learn
 from dpbench.leaderboard.compare import UNCLEAR, best_baseline, better_verdict, paired
 from dpbench.leaderboard.grid import optimum_status
 from dpbench.leaderboard.plots import cost_plot, epsilon_plot, headline_plot
+from dpbench.leaderboard.private_selection import Selection, read_selection
 from dpbench.leaderboard.scale import scale_section
 from dpbench.leaderboard.suite import Suite, Task
 from dpbench.leaderboard.summary import Entry, Tuning, seconds_per_step, summarize
@@ -94,7 +95,32 @@ def _anchor_text(task: Task, entry: Entry) -> str:
     return "".join(f"; published {fmt_value(a.value, entry.metric)} ({a.source})" for a in found)
 
 
-def _cell_text(task: Task, entry: Entry | None, notes: list[str]) -> str:
+Selections = dict[tuple[str, str, float], Selection]
+
+
+def read_selections(root: Path, suite: Suite) -> Selections:
+    """Every private tuning's released record under root, by (task, variant, tuning budget)."""
+    found = {}
+    for task in suite.tasks:
+        for method in task.methods:
+            for variant in method.variants():
+                for epsilon in suite.budgets:
+                    selection = read_selection(root, task.name, variant.name, epsilon)
+                    if selection is not None:
+                        found[(task.name, variant.name, epsilon)] = selection
+    return found
+
+
+def _tuning_text(selection: Selection | None) -> str:
+    """'; epsilon 3.00 per run, 4.62 with tuning' for a privately tuned cell."""
+    if selection is None:
+        return ""
+    if selection.with_tuning is None:
+        return f"; {selection.reason}"
+    return f"; epsilon {selection.per_run:.2f} per run, {selection.with_tuning:.2f} with tuning"
+
+
+def _cell_text(task: Task, entry: Entry | None, notes: list[str], selections: Selections, suite: Suite) -> str:
     """The table's text for one entry: mean [95% interval] and its tuned point; a refusal's reason goes to the
     numbered notes under the table."""
     if entry is None:
@@ -107,7 +133,8 @@ def _cell_text(task: Task, entry: Entry | None, notes: list[str]) -> str:
     if entry.mean is not None:
         text = fmt_entry(entry)
         point = f"lr {entry.lr:.3g}" + ("" if entry.clip_norm is None else f", clip {entry.clip_norm:.3g}")
-        text += f" ({point}{_anchor_text(task, entry)})"
+        selection = selections.get((task.name, entry.variant, suite.tuning_budget(entry.epsilon)))
+        text += f" ({point}{_tuning_text(selection)}{_anchor_text(task, entry)})"
         if entry.failed or entry.pending:
             text += f" ({len(entry.values)} seeds; {len(entry.failed)} failed, {entry.pending} pending)"
         return text
@@ -137,7 +164,7 @@ def _cost_reference(group: list[Entry], suite: Suite) -> tuple[Entry, str]:
     return reference, note
 
 
-def _task_table(task: Task, entries: list[Entry], suite: Suite) -> list[str]:
+def _task_table(task: Task, entries: list[Entry], suite: Suite, selections: Selections) -> list[str]:
     columns = [f"epsilon {b:g}" for b in suite.budgets]
     lines = ["| method | " + " | ".join(columns) + " | non-private | samples/s | peak MB | s/step | wall s |",
              "|---" * (len(columns) + 6) + "|"]
@@ -145,8 +172,9 @@ def _task_table(task: Task, entries: list[Entry], suite: Suite) -> list[str]:
     for group in _variants(task, entries).values():
         by_eps = {e.epsilon: e for e in group}
         reference, cost_note = _cost_reference(group, suite)
-        cells = [_cell_text(task, by_eps.get(b), notes) if None not in by_eps else "" for b in suite.budgets]
-        nonprivate = _cell_text(task, by_eps.get(None), notes) if None in by_eps else ""
+        cells = [_cell_text(task, by_eps.get(b), notes, selections, suite) if None not in by_eps else ""
+                 for b in suite.budgets]
+        nonprivate = _cell_text(task, by_eps.get(None), notes, selections, suite) if None in by_eps else ""
         lines.append(
             f"| {group[0].label} | " + " | ".join(cells) + f" | {nonprivate} | "
             f"{_number(reference.cost('samples_per_s'), '.0f')} | {_number(reference.cost('peak_mb'), '.0f')} | "
@@ -170,7 +198,8 @@ def _cost_table(task: Task, entries: list[Entry], suite: Suite) -> list[str]:
     return [*lines, ""]
 
 
-def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite: Suite) -> list[str]:
+def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite: Suite,
+                  selections: Selections) -> list[str]:
     """Per variant and budget: trials run, the best point and whether it is interior; then the task's counts."""
     metric = next((e.metric for e in entries if e.metric), None)
     rank = {entry.variant: i for i, entry in enumerate(_order(task, entries))}
@@ -183,6 +212,13 @@ def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite:
         finished = [(lr, clip, value) for lr, clip, value, _ in record.trials if value is not None]
         trials_per_method[record.label] = trials_per_method.get(record.label, 0) + len(record.trials)
         where = "" if record.epsilon is None else f", epsilon {record.epsilon:g}"
+        selection = selections.get((task.name, record.variant, record.epsilon))
+        if selection is not None:  # its trials and their number are not released: only the winner is
+            outcome = "only the winner is released" if selection.lr is not None else selection.reason
+            lines.append(f"- {record.label}{where}: tuned privately ({selection.law} number of trials, mean "
+                         f"{selection.mean_trials:g}; validation score noise multiplier "
+                         f"{selection.score_noise_multiplier:g}): {outcome}")
+            continue
         if not finished:
             states = sorted({state for *_, state in record.trials})
             lines.append(f"- {record.label}{where}: {len(record.trials)} trial(s), none finished "
@@ -278,6 +314,7 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         writer.writeheader()
         writer.writerows(rows)
     entries, tuning = summarize(outcomes)
+    selections = read_selections(root, suite)
     runs_path = root / RUNS_FILE
     runs = json.loads(runs_path.read_text()) if runs_path.exists() else []
     cell_wall = sum(float(o.cell.get("process_wall_s") or 0.0) for o in outcomes)
@@ -314,8 +351,12 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         + f"seed(s) {', '.join(map(str, suite.seeds))} then train on the whole training set at the chosen point and "
         "are evaluated on the test split: mean [95% Student-t interval] over seeds. Comparisons pair methods seed by "
         "seed. Each rung of a ladder (JL's r) is tuned on its own.",
-        "- **The epsilon of each run does not count the tuning**: choosing among the trials on private data spends "
-        "privacy that no figure here includes.",
+        ("- **Private tuning**: each private method's tuning is Papernot & Steinke's private selection (a secret "
+         "random number of trials over its grid, noisy validation scores, only the winner released), accounted with "
+         "dp-accounting's RepeatAndSelectDpEvent and composed with the final run: each cell shows its epsilon per run "
+         "and with tuning." if selections else
+         "- **The epsilon of each run does not count the tuning**: choosing among the trials on private data spends "
+         "privacy that no figure here includes (`--private-tuning` tunes privately and counts it)."),
         "- A method that cannot reach a budget is shown as `cannot reach epsilon X: <dpbench's reason>`; JL runs "
         "the smallest r that reaches each budget and one larger r.",
         "- Costs (samples/s, peak memory above the process's start, seconds per training step, training wall time) "
@@ -345,9 +386,9 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         if task.fixed:
             lines += [f"Not tuned: every method runs at the published recipe's learning rate {task.fixed[0]:g}"
                       + ("" if task.fixed[1] is None else f" and clip norm {task.fixed[1]:g}") + ".", ""]
-        lines += _task_table(task, task_entries, suite)
+        lines += _task_table(task, task_entries, suite, selections)
         lines += _anchor_lines(task, task_entries)
-        lines += _tuning_lines(task, tuning.get(task.name, []), task_entries, suite)
+        lines += _tuning_lines(task, tuning.get(task.name, []), task_entries, suite, selections)
         best = winners(task_entries, suite.budgets, task.chance)
         if best:
             lines += ["Winner per budget (paired over seeds against the best vanilla method):", "",

@@ -16,34 +16,13 @@ from typing import Any
 
 from dpbench.errors import ConfigurationError
 from dpbench.leaderboard.cells import Cell, read_outcome, run_cell
-from dpbench.leaderboard.grid import TuningGrid
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, RUNNING, Stopped
+from dpbench.leaderboard.private_selection import PrivateSelector
+from dpbench.leaderboard.private_tuning import PrivateTuning
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
+from dpbench.leaderboard.trial_cells import TUNING_SEED, cell_for, start_grid
 
 log = logging.getLogger(__name__)
-TUNING_SEED = 0
-
-
-def start_grid(suite: Suite, task: Task, method: Method) -> TuningGrid:
-    """The method's grid on the task's first range: the same points for every method with the same optimizer."""
-    return TuningGrid.start(task.lr[task.optimizer_of(method)], task.clip if method.private else None, suite.tuning)
-
-
-def cell_for(suite: Suite, task: Task, method: Method, variant: Variant, phase: str, epsilon: float | None,
-             seed: int, trial: int | None, lr: float, clip_norm: float | None) -> Cell:
-    optimizer = task.optimizer_of(method)
-    overrides = [*task.overrides, *variant.overrides, f"optimizer={optimizer}", f"optimizer.lr={lr}", f"seed={seed}",
-                 *suite.common, f"logger.group=leaderboard-{task.name}"]
-    if method.private:
-        overrides += [f"privacy.epsilon={epsilon:g}", "privacy.noise_multiplier=null", f"privacy.delta={task.delta:g}",
-                      f"privacy.clip_norm={clip_norm}"]
-    if phase == "tune":
-        overrides.append(f"++data.validation_size={task.validation_size}")
-    return Cell(task=task.name, method=method.name, variant=variant.name, label=variant.label, phase=phase,
-                epsilon=epsilon if method.private else None, seed=seed, trial=trial, lr=lr, clip_norm=clip_norm,
-                overrides=overrides)
-
-
 def better(metric: str) -> Callable[[float, float], bool]:
     """Accuracy is maximised, a loss minimised."""
     return (lambda a, b: a < b) if metric == "loss" else (lambda a, b: a > b)
@@ -70,12 +49,15 @@ class Scheduler:
     """Runs (or, with dry_run, lists) the cells of a suite; every cell already recorded is skipped."""
 
     def __init__(self, suite: Suite, root: Path, env: dict[str, str] | None = None, dry_run: bool = False,
-                 launcher: str = DEFAULT_LAUNCHER, parameters: dict[str, Any] | None = None, jobs: int = 1):
-        """jobs: how many (task, method) pipelines run at once; 1 keeps every cell's cost figures undisturbed."""
+                 launcher: str = DEFAULT_LAUNCHER, parameters: dict[str, Any] | None = None, jobs: int = 1,
+                 private_tuning: PrivateTuning | None = None):
+        """jobs: how many (task, method) pipelines run at once; 1 keeps every cell's cost figures undisturbed.
+        private_tuning: tune private methods by private selection (private_selection.py) instead of the grid."""
         if jobs < 1:
             raise ConfigurationError(f"--jobs must be at least 1, got {jobs}")
         self.suite, self.root, self.env, self.dry_run = suite, Path(root), env, dry_run
         self.launcher, self.parameters, self.jobs = launcher, parameters, jobs
+        self.selector = PrivateSelector(suite, root, private_tuning) if private_tuning else None
         self.planned: list[Cell] = []
 
     def _run(self, cell: Cell) -> str:
@@ -112,9 +94,31 @@ class Scheduler:
                 pool.shutdown(wait=False, cancel_futures=True)
                 raise
 
+    def _select_privately(self, task: Task, method: Method, variant: Variant, epsilon: float) -> Cell | str:
+        """K secret trials over the grid's points, the best noisy score kept; its selection record written."""
+        count = self.selector.trials(task, variant, epsilon)
+        points = self.selector.order(start_grid(self.suite, task, method).points())
+        cells = []
+        for k in range(count):
+            lr, clip = points[k % len(points)]
+            cells.append(cell_for(self.suite, task, method, variant, "tune", epsilon, TUNING_SEED, k, lr, clip))
+            if self._run(cells[-1]) == "refused" and k == 0:
+                return REFUSED
+        if self.dry_run:
+            return cells[0] if cells else UNFINISHED
+        final = cell_for(self.suite, task, method, variant, "test", epsilon, self.suite.seeds[0], None, *points[0])
+        selection = self.selector.select(task, variant, epsilon, cells, final)
+        self.selector.record(task, variant, epsilon, selection)
+        if selection.lr is None:
+            log.warning("%s %s at epsilon %g: %s", task.name, variant.name, epsilon, selection.reason)
+            return UNFINISHED
+        return next(c for c in cells if (c.lr, c.clip_norm) == (selection.lr, selection.clip_norm))
+
     def _tune(self, task: Task, method: Method, variant: Variant, epsilon: float | None) -> Cell | str:
         """The variant's search at `epsilon` and its best trial, else REFUSED (it cannot run at that budget) or
         UNFINISHED (no trial finished with a finite metric). The grid grows while its best point is on an edge."""
+        if self.selector is not None and epsilon is not None:
+            return self._select_privately(task, method, variant, epsilon)
         grid = start_grid(self.suite, task, method)
         cells: dict[tuple[float, float | None], Cell] = {}
         while True:

@@ -1,0 +1,30 @@
+"""A cell from its task, method, budget and hyperparameters, and the grid a method's tuning starts from: shared by
+the scheduler, the private-tuning plan and the private selection."""
+
+from __future__ import annotations
+
+from dpbench.leaderboard.cells import Cell
+from dpbench.leaderboard.grid import TuningGrid
+from dpbench.leaderboard.suite import Method, Suite, Task, Variant
+
+TUNING_SEED = 0
+
+
+def start_grid(suite: Suite, task: Task, method: Method) -> TuningGrid:
+    """The method's grid on the task's first range: the same points for every method with the same optimizer."""
+    return TuningGrid.start(task.lr[task.optimizer_of(method)], task.clip if method.private else None, suite.tuning)
+
+
+def cell_for(suite: Suite, task: Task, method: Method, variant: Variant, phase: str, epsilon: float | None,
+             seed: int, trial: int | None, lr: float, clip_norm: float | None) -> Cell:
+    optimizer = task.optimizer_of(method)
+    overrides = [*task.overrides, *variant.overrides, f"optimizer={optimizer}", f"optimizer.lr={lr}", f"seed={seed}",
+                 *suite.common, f"logger.group=leaderboard-{task.name}"]
+    if method.private:
+        overrides += [f"privacy.epsilon={epsilon:g}", "privacy.noise_multiplier=null", f"privacy.delta={task.delta:g}",
+                      f"privacy.clip_norm={clip_norm}"]
+    if phase == "tune":
+        overrides.append(f"++data.validation_size={task.validation_size}")
+    return Cell(task=task.name, method=method.name, variant=variant.name, label=variant.label, phase=phase,
+                epsilon=epsilon if method.private else None, seed=seed, trial=trial, lr=lr, clip_norm=clip_norm,
+                overrides=overrides)
