@@ -146,11 +146,13 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root or Path("outputs") / "leaderboard" / (f"{profile}-private" if tuning else profile)
     command = ["python", "-m", "dpbench.leaderboard", *(sys.argv[1:] if argv is None else argv)]
     if args.dry_run:
-        scheduler = Scheduler(suite, root, dry_run=True, private_tuning=tuning)
+        scheduler = Scheduler(suite, root, dry_run=True)
         scheduler.run()
         for cell in scheduler.planned:
             print(cell.directory(root))
-        print(f"{len(scheduler.planned)} cells at least (ladder rungs that are refused add more)")
+        print(f"{len(scheduler.planned)} cells at least (ladder rungs that are refused and grids that grow add more)"
+              + ("; with --private-tuning each private method's trials are a secret random number instead of its "
+                 "grid's first range" if tuning else ""))
         return 0
     if not args.report_only:
         print(PRIVATE_NOTE if tuning else NOTE, flush=True)
