@@ -9,7 +9,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["vanilla_cnn", "grape_vit", "jl_lstm", "d2p2", "sparse_word2vec", "per_sample_checks"]
+BENCHMARKS = ["vanilla_cnn", "grape_vit", "jl_lstm", "d2p2", "sparse_word2vec", "per_sample_checks", "overhead"]
 
 
 def main() -> None:

@@ -17,13 +17,20 @@ from collections.abc import Callable
 import torch
 from omegaconf import OmegaConf
 
-from benchmarks.harness import arguments, compare, mnist_batches, print_checks, print_table, ratio, save
+from benchmarks.harness import (
+    arguments,
+    compare,
+    mnist_batches,
+    print_checks,
+    print_table,
+    private_step,
+    ratio,
+    save,
+)
 from dpbench.data import DataBundle, TensorSplit
 from dpbench.models.hf import ViTModelConfig, build_vit
 from dpbench.optim import OptimizerConfig, build_optimizer
 from dpbench.privatizers import PrivacySettings, make_strategy
-from dpbench.privatizers.base import StepContext
-from dpbench.tasks import ClassificationTask
 
 CASES = ["nonprivate", "vanilla", "vanilla_functorch", "grape"]
 SIGMA, CLIP, LR = 1.0, 1.0, 1e-3
@@ -44,16 +51,7 @@ def make_step(case: str, device: torch.device, batch_size: int, rank: int) -> Ca
     strategy.attach(model)
     optimizer = (strategy.configure_optimizer(model, OptimizerConfig(name="adam", lr=LR)) if case == "grape"
                  else build_optimizer(model.parameters(), OptimizerConfig(name="adam", lr=LR)))
-    task = ClassificationTask()
-    state = {"step": 0}
-
-    def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        strategy.privatize(model, task, next_batch(), StepContext(state["step"], batch_size))
-        strategy.apply_update(optimizer)
-        state["step"] += 1
-
-    return step
+    return private_step(strategy, optimizer, model, next_batch, batch_size)
 
 
 def _extra_arguments() -> argparse.Namespace:

@@ -171,3 +171,35 @@ def mnist_batches(batch_size: int, device: torch.device) -> Callable[[], tuple[t
         return x.to(device), y.to(device)
 
     return next_batch
+
+
+def private_step(strategy: Any, optimizer: torch.optim.Optimizer, model: torch.nn.Module,
+                 next_batch: Callable[[], Any], batch_size: int) -> Callable[[], None]:
+    """One call, one private step of a dpbench strategy on a classification batch, counting steps (the per-sample
+    check's schedule reads them)."""
+    from dpbench.privatizers.base import StepContext
+    from dpbench.tasks import ClassificationTask
+
+    task, state = ClassificationTask(), {"step": 0}
+
+    def step() -> None:
+        optimizer.zero_grad(set_to_none=True)
+        strategy.privatize(model, task, next_batch(), StepContext(state["step"], batch_size))
+        strategy.apply_update(optimizer)
+        state["step"] += 1
+
+    return step
+
+
+def opacus_hooks_step(wrapped: torch.nn.Module, dp_optimizer: Any,
+                      next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], None]:
+    """One call, one step of an Opacus GradSampleModule with its DPOptimizer (cross-entropy)."""
+    from torch.nn import functional
+
+    def step() -> None:
+        x, y = next_batch()
+        dp_optimizer.zero_grad(set_to_none=True)
+        functional.cross_entropy(wrapped(x), y).backward()
+        dp_optimizer.step()
+
+    return step

@@ -9,10 +9,18 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from benchmarks.harness import arguments, compare, mnist_batches, print_checks, print_table, ratio, save
+from benchmarks.harness import (
+    arguments,
+    compare,
+    mnist_batches,
+    opacus_hooks_step,
+    print_checks,
+    print_table,
+    ratio,
+    save,
+)
 from dpbench.models.cnn import TFPrivacyCNN
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
@@ -64,13 +72,7 @@ def make_step(case: str, device: torch.device, batch_size: int) -> Callable[[], 
     wrapped = GradSampleModule(model, force_functorch=case == "opacus_functorch")
     dp_optimizer = DPOptimizer(optimizer, noise_multiplier=SIGMA, max_grad_norm=CLIP, expected_batch_size=batch_size)
 
-    def opacus_step() -> None:
-        x, y = next_batch()
-        dp_optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(wrapped(x), y).backward()
-        dp_optimizer.step()
-
-    return opacus_step
+    return opacus_hooks_step(wrapped, dp_optimizer, next_batch)
 
 
 def main() -> None:

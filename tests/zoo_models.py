@@ -9,6 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpbench.models.d2p2_cnn import D2P2PaperCNN
 from dpbench.models.hf import SequenceClassifier
 from tests import transformer_models
 from tests.checked_models import TrainModeCentering
@@ -354,4 +355,9 @@ TRANSFORMERS = {
     "t5_encoder": Entry(hf(T5Classifier), text, "functorch"),
 }
 
-ZOO = {**LAYERS, **PATTERNS, **TRANSFORMERS}
+DPBENCH_MODELS = {
+    "cnn_d2p2": Entry(lambda: D2P2PaperCNN(2, CLASSES).double(), dense(2, 8, 8), "hooks"),  # 8x8: pools to 1x1
+}
+"""dpbench's own models that no entry above already covers layer for layer."""
+
+ZOO = {**LAYERS, **PATTERNS, **TRANSFORMERS, **DPBENCH_MODELS}

@@ -33,6 +33,9 @@ class CorpusConfig:
     window: int = 4
     """Context words per sample, half on each side of the centre word (the paper's window of size 4)."""
     negatives: int = 8
+    pairs: bool = False
+    """true: one sample per (centre word, context word) pair of each window, the paper's samples (Section 6.1: one
+    target, one context and `negatives` negative words); false: one sample per window with all its context words."""
     test_fraction: float = 0.2
     """Share of documents held out (fixed split, the same for every seed)."""
     train_size: int | None = None
@@ -130,6 +133,11 @@ def windows(docs: list[np.ndarray], window: int) -> tuple[np.ndarray, np.ndarray
     return np.concatenate(centres), np.concatenate(contexts)
 
 
+def as_pairs(centres: np.ndarray, contexts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """One (centre, one context word) row per context word of each window, window by window."""
+    return np.repeat(centres, contexts.shape[1]), contexts.reshape(-1, 1)
+
+
 def _split(centres: np.ndarray, contexts: np.ndarray, noise: np.ndarray, count: int, rng) -> TensorSplit:
     negatives = rng.choice(len(noise), size=(len(centres), count), p=noise)
     features = {
@@ -159,8 +167,9 @@ def corpus_bundle(config: CorpusConfig) -> DataBundle:
     counts = np.bincount(np.concatenate(train_docs), minlength=config.vocab_size).astype(np.float64)
     noise = counts**0.75 / (counts**0.75).sum()
     rng = np.random.default_rng(2)
-    train = _split(*windows(train_docs, config.window), noise, config.negatives, rng)
-    test = _split(*windows(test_docs, config.window), noise, config.negatives, rng)
+    samples = as_pairs if config.pairs else lambda centres, contexts: (centres, contexts)
+    train = _split(*samples(*windows(train_docs, config.window)), noise, config.negatives, rng)
+    test = _split(*samples(*windows(test_docs, config.window)), noise, config.negatives, rng)
     return DataBundle(
         config.name, train, test, num_classes=config.vocab_size, vocab_size=config.vocab_size,
         source=f"{config.name}: {len(docs)} documents", task=NegativeSamplingTask(),

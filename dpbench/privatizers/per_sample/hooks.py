@@ -15,6 +15,7 @@ inputs, parameters used inside their module's call only, no mixing of samples) a
 
 from __future__ import annotations
 
+import functools
 import inspect
 import time
 from collections import Counter, defaultdict
@@ -31,7 +32,10 @@ from dpbench.errors import UnsupportedModelError
 from dpbench.privatizers import distributed
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
+from dpbench.privatizers.per_sample.gate_recurrence import GateRecord, gate_forward
 from dpbench.privatizers.per_sample.layers import SiteMap, handler_for, input_for
+from dpbench.privatizers.per_sample.norms import group_norm_sq, total_norm_sq
+from dpbench.privatizers.per_sample.recurrence import RECURRENT_LAYERS
 from dpbench.privatizers.per_sample.recurrent import refuse_unsupported_call
 from dpbench.privatizers.per_sample.schedule import CheckSchedule
 from dpbench.privatizers.per_sample.sites import Site
@@ -129,11 +133,13 @@ class HookEngine:
         self.checks = checks if checks is not None else CheckSchedule()
         self._calls: list[Call] = []
         self._recording = False
-        self._handles = [
-            module.register_forward_hook(self._record, with_kwargs=True)
-            for module in model.modules()
+        hooked = [
+            module for module in model.modules()
             if handler_for(module) is not None and any(p.requires_grad for p in module.parameters(recurse=False))
         ]
+        self._handles = [module.register_forward_hook(self._record, with_kwargs=True) for module in hooked]
+        self._recurrent = [module for module in hooked if isinstance(module, RECURRENT_LAYERS)]
+        self._gates: dict[nn.Module, tuple[list[Tensor], GateRecord]] = {}
 
     def _record(self, module: nn.Module, args: tuple, kwargs: dict, output: Tensor | tuple) -> None:
         if self._recording and torch.is_grad_enabled():
@@ -143,6 +149,11 @@ class HookEngine:
         if kwargs:  # self.fc(input=x): the rules read the call's positional arguments
             bound = inspect.signature(module.forward).bind(*args, **kwargs)
             args, kwargs = bound.args, bound.kwargs
+        gates = self._gates.pop(module, None)
+        if gates is not None:  # gate_forward ran: the sites read the input gates' gradients
+            leaves, spec = tree_flatten(gates[0])
+            return Call(module, gates[1], None, leaves, spec, [t._version for t in leaves],
+                        [get_gradient_edge(t) for t in leaves])
         refuse_unsupported_call(module, args, kwargs)
         x = input_for(module)(module, *args)
         leaves, spec = tree_flatten(output)
@@ -161,12 +172,19 @@ class HookEngine:
             handle.remove()
 
     def _forward(self, task: Task, batch: Batch) -> Tensor:
-        self._calls = []
+        """The recorded forward; recurrent layers run gate_recurrence's recurrence (unless a forward is already set
+        on the module), so that their gate gradients come from the step's one backward."""
+        self._calls, self._gates = [], {}
         self._recording = True
+        swapped = [module for module in self._recurrent if "forward" not in vars(module)]
+        for module in swapped:
+            module.forward = functools.partial(gate_forward, module, self._gates)
         try:
             return task.per_sample_loss(self.model, batch)
         finally:
             self._recording = False
+            for module in swapped:
+                del module.forward
 
     def _sites(self, task: Task, batch: Batch, dense: bool) -> tuple[dict[str, list[Site]], Tensor]:
         """Every rank checks when any rank's schedule asks (and stops or switches when any rank's check fails). A
@@ -180,7 +198,7 @@ class HookEngine:
         sites, losses, _ = self._collect(task, batch, dense, checked)
         dormant = [name for name in self.checks.dormant if name in sites]
         if dormant:
-            moved = torch.stack([_norm_sq(sites[name]).sum() for name in dormant]).gt(0).tolist()
+            moved = torch.stack([group_norm_sq(sites[name]).sum() for name in dormant]).gt(0).tolist()
             self.checks.saw_gradients({name for name, nonzero in zip(dormant, moved, strict=True) if nonzero})
         return sites, losses
 
@@ -280,6 +298,13 @@ class HookEngine:
 
     def call_sites(self, module: nn.Module, x: Tensor, g, batch: int, dense: bool) -> SiteMap:
         """Sites of one recorded call, after checking that the call saw the whole batch."""
+        if isinstance(x, GateRecord):
+            if x.batch != batch:
+                raise UnsupportedModelError(
+                    f"{self.name(module)} was called on {x.batch} sequences, not the batch's {batch} samples, so the "
+                    "hooks cannot tell the samples apart: pass per-sample inputs, or use privatizer.engine=functorch"
+                )
+            return self.module_sites(module, x, g, dense)
         x, g = _unflatten_tokens(x, g, batch)
         batch_dim = 1 if getattr(module, "batch_first", True) is False else 0
         if x.shape[batch_dim] != batch:
@@ -316,7 +341,7 @@ class HookEngine:
                     "privatizer.engine=functorch (or auto), whose per-sample gradients are each sample's own by "
                     "construction"
                 )
-            norms = {name: _norm_sq(group).sqrt() for name, group in sites.items()}
+            norms = {name: group_norm_sq(group).sqrt() for name, group in sites.items()}
             _drop_nonfinite(sites, sum(norms.values(), torch.zeros(losses.shape[0], device=losses.device)))
             bad: dict[str, float] = {}
             for i in self.checks.samples(losses.shape[0]):
@@ -413,7 +438,7 @@ class HookEngine:
         """
         sites, losses = self._sites(task, batch, dense=self.materialize)
         zero = torch.zeros(losses.shape[0], device=losses.device)
-        norms = sum((_norm_sq(group) for group in sites.values()), zero).sqrt()
+        norms = total_norm_sq(list(sites.values()), zero).sqrt()
         factors = factor_fn(norms, clip_norm)
         _drop_nonfinite(sites, norms)
         return sites, factors, norms, losses
@@ -435,9 +460,3 @@ def _drop_nonfinite(sites: dict[str, list[Site]], norms: Tensor) -> None:
             for site in group:
                 site.zero_samples(bad)
 
-
-def _norm_sq(group: list[Site]) -> Tensor:
-    """(B,) squared norms of one parameter's per-sample gradients, summed over its sites first when it has several."""
-    if len(group) == 1:
-        return group[0].norm_sq()
-    return sum(site.materialize() for site in group).flatten(1).pow(2).sum(1)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor, nn
 
 from dpbench.errors import UnsupportedModelError
+from dpbench.privatizers.per_sample.gate_recurrence import GateRecord
 from dpbench.privatizers.per_sample.layers import LAYER_HANDLERS, SiteMap, outer_product_site
 from dpbench.privatizers.per_sample.recurrence import (
     RECURRENT_LAYERS,
@@ -72,8 +73,12 @@ def _hidden_gate_grads(mode: str, gate_grads: Tensor, resets: Tensor | None) -> 
     return torch.cat([gate_grads[..., : 2 * hidden], gate_grads[..., 2 * hidden :] * resets], dim=-1)
 
 
-def recurrent_sites(module: nn.RNNBase, x: Tensor, g: tuple, dense: bool) -> SiteMap:
-    """g is the gradient of the layer's whole output: (output, h_n), or (output, (h_n, c_n)) for the LSTM."""
+def recurrent_sites(module: nn.RNNBase, x: Tensor | GateRecord, g, dense: bool) -> SiteMap:
+    """g is the gradient of the layer's whole output: (output, h_n), or (output, (h_n, c_n)) for the LSTM; or, after
+    gate_recurrence's forward (x a GateRecord), the gradients of each layer's input gates."""
+    if isinstance(x, GateRecord):
+        layers = zip(range(module.num_layers), x.inputs, x.previous, x.resets, strict=True)
+        return _gate_sites(module, layers, g, dense)
     check_recomputable(module)
     out_grad, state_grad = g
     state_grads = list(state_grad) if isinstance(module, nn.LSTM) else [state_grad]
@@ -100,8 +105,14 @@ def recurrent_sites(module: nn.RNNBase, x: Tensor, g: tuple, dense: bool) -> Sit
             finals.append(torch.cat([run.c for run in runs]))
         gate_grads = torch.autograd.grad([layer_input, *finals], [gates for *_, gates in layers],
                                          [out_grad, *state_grads])
+    return _gate_sites(module, [layer[:4] for layer in layers], gate_grads, dense)
+
+
+def _gate_sites(module: nn.RNNBase, layers, gate_grads, dense: bool) -> SiteMap:
+    """Every weight's sites from each layer's (number, inputs, previous states, resets) and input-gate gradients."""
+    mode = module.mode
     sites: SiteMap = {}
-    for (layer, inputs, previous, resets, _), grads in zip(layers, gate_grads, strict=True):
+    for (layer, inputs, previous, resets), grads in zip(layers, gate_grads, strict=True):
         hidden_grads = _hidden_gate_grads(mode, grads, resets)
         for d, suffix in enumerate(parameter_suffixes(module, layer)):
             terms = [("weight_ih", inputs[d], grads[d]), ("weight_hh", previous[d], hidden_grads[d])]

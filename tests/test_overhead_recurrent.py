@@ -1,0 +1,74 @@
+"""Issue 26: the hook engine's recurrent layers take their gate gradients from the step's one backward
+(gate_recurrence.py), exactly: against a per-example loop and against autograd through the written-out recurrence,
+in float64, with the second pass over the recurrence made impossible."""
+
+import pytest
+import torch
+from torch import nn
+
+from dpbench.privatizers.per_sample import HookEngine, recurrent
+from dpbench.privatizers.per_sample.gate_recurrence import Recurrence
+from dpbench.privatizers.per_sample.recurrence import LayerWeights, run_layer
+from tests.per_sample_reference import assert_matches_loop, loop_gradients, loop_norms
+from tests.test_recurrent_rules import CONFIGURATIONS, KINDS, TASK, _name, model_and_batches
+
+MODES = {"rnn_tanh": "RNN_TANH", "rnn_relu": "RNN_RELU", "gru": "GRU", "lstm": "LSTM"}
+
+
+@pytest.fixture
+def no_second_pass(monkeypatch):
+    """The recompute rule's recurrence raises: only the main backward can give the gate gradients."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the recurrence was run a second time")
+
+    monkeypatch.setattr(recurrent, "run_layer", refuse)
+
+
+@pytest.mark.parametrize("options", CONFIGURATIONS, ids=_name)
+@pytest.mark.parametrize("kind", sorted(KINDS))
+def test_gate_gradients_from_the_main_backward_match_a_per_example_loop(kind, options, no_second_pass):
+    model, batch, _ = model_and_batches(kind, **options)
+    engine = HookEngine(model)
+    reference = loop_gradients(model, batch)
+    assert_matches_loop(engine.per_sample_gradients(TASK, batch), reference)
+    norms = loop_norms(reference)
+    clipped = engine.clipped_sum(TASK, batch, float(norms.median()))
+    torch.testing.assert_close(clipped.norms, norms, atol=1e-9, rtol=1e-9)
+    factors = (float(norms.median()) / (norms + 1e-6)).clamp(max=1.0)
+    for name, grad in clipped.grads.items():
+        expected = sum(f * sample[name] for f, sample in zip(factors, reference, strict=True))
+        torch.testing.assert_close(grad, expected, atol=1e-9, rtol=1e-9)
+    assert "forward" not in vars(model.recurrent)  # the engine put the module's own forward back
+
+
+@pytest.mark.parametrize("kind", sorted(MODES))
+def test_the_recurrence_backward_is_autograd_through_the_written_out_recurrence(kind):
+    torch.manual_seed(0)
+    mode, count, batch, steps, hidden = MODES[kind], 2, 3, 5, 4
+    width = {"LSTM": 4, "GRU": 3}.get(mode, 1) * hidden
+    gates = torch.randn(count, batch, steps, width, dtype=torch.float64, requires_grad=True)
+    w_hh = torch.randn(count, width, hidden, dtype=torch.float64)
+    b_hh = torch.randn(count, width, dtype=torch.float64)
+    outputs, h, c, _ = Recurrence.apply(mode, gates, w_hh, b_hh)
+    weights = LayerWeights(None, w_hh, None, b_hh, None)
+    zeros = torch.zeros(count, batch, hidden, dtype=torch.float64)
+    run = run_layer(mode, gates, weights, zeros, zeros if mode == "LSTM" else None)
+    torch.testing.assert_close(outputs, run.outputs)
+    weights_out = [torch.randn_like(t) for t in (outputs, h)]
+    ours = (weights_out[0] * outputs).sum() + (weights_out[1] * h).sum()
+    theirs = (weights_out[0] * run.outputs).sum() + (weights_out[1] * run.h).sum()
+    if mode == "LSTM":
+        weight_c = torch.randn_like(c)
+        ours, theirs = ours + (weight_c * c).sum(), theirs + (weight_c * run.c).sum()
+    got, = torch.autograd.grad(ours, gates)
+    expected, = torch.autograd.grad(theirs, gates)
+    torch.testing.assert_close(got, expected, atol=1e-12, rtol=1e-10)
+
+
+def test_a_module_with_its_own_forward_keeps_the_exact_recompute():
+    model, batch, _ = model_and_batches("lstm", num_layers=2, bidirectional=True)
+    lstm = model.recurrent
+    lstm.forward = lambda *args, **kwargs: nn.LSTM.forward(lstm, *args, **kwargs)
+    engine = HookEngine(model)
+    assert_matches_loop(engine.per_sample_gradients(TASK, batch), loop_gradients(model, batch))
+    assert "forward" in vars(lstm)
