@@ -203,3 +203,24 @@ def opacus_hooks_step(wrapped: torch.nn.Module, dp_optimizer: Any,
         dp_optimizer.step()
 
     return step
+
+
+def opacus_ghost_step(model: torch.nn.Module, optimizer: torch.optim.Optimizer, batch_size: int, clip: float,
+                      sigma: float, next_batch: Callable[[], tuple[torch.Tensor, torch.Tensor]]) -> Callable[[], None]:
+    """One call, one step of Opacus's ghost clipping (its fastest mode where it supports the model)."""
+    from opacus.grad_sample import GradSampleModuleFastGradientClipping
+    from opacus.optimizers import DPOptimizerFastGradientClipping
+    from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
+
+    wrapped = GradSampleModuleFastGradientClipping(model, max_grad_norm=clip, use_ghost_clipping=True)
+    dp_optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=sigma, max_grad_norm=clip,
+                                                   expected_batch_size=batch_size)
+    criterion = DPLossFastGradientClipping(wrapped, dp_optimizer, torch.nn.CrossEntropyLoss(), "mean")
+
+    def step() -> None:
+        x, y = next_batch()
+        dp_optimizer.zero_grad(set_to_none=True)
+        criterion(wrapped(x), y).backward()
+        dp_optimizer.step()
+
+    return step

@@ -22,6 +22,7 @@ from benchmarks.harness import (
     arguments,
     compare,
     mnist_batches,
+    opacus_ghost_step,
     opacus_hooks_step,
     print_checks,
     print_table,
@@ -86,22 +87,7 @@ def _opacus_step(mode: str, model: nn.Module, next_batch: Callable, batch_size: 
                             bidirectional=lstm.bidirectional).to(next(model.parameters()).device)
     optimizer = build_optimizer([p for p in model.parameters() if p.requires_grad], optimizer_config)
     if mode == "ghost":
-        from opacus.grad_sample import GradSampleModuleFastGradientClipping
-        from opacus.optimizers import DPOptimizerFastGradientClipping
-        from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
-
-        wrapped = GradSampleModuleFastGradientClipping(model, max_grad_norm=CLIP, use_ghost_clipping=True)
-        dp_optimizer = DPOptimizerFastGradientClipping(optimizer, noise_multiplier=SIGMA, max_grad_norm=CLIP,
-                                                       expected_batch_size=batch_size)
-        criterion = DPLossFastGradientClipping(wrapped, dp_optimizer, nn.CrossEntropyLoss(), "mean")
-
-        def ghost_step() -> None:
-            x, y = next_batch()
-            dp_optimizer.zero_grad(set_to_none=True)
-            criterion(wrapped(x), y).backward()
-            dp_optimizer.step()
-
-        return ghost_step
+        return opacus_ghost_step(model, optimizer, batch_size, CLIP, SIGMA, next_batch)
     wrapped = GradSampleModule(model)
     dp_optimizer = DPOptimizer(optimizer, noise_multiplier=SIGMA, max_grad_norm=CLIP, expected_batch_size=batch_size)
 

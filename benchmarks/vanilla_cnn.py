@@ -15,6 +15,7 @@ from benchmarks.harness import (
     arguments,
     compare,
     mnist_batches,
+    opacus_ghost_step,
     opacus_hooks_step,
     print_checks,
     print_table,
@@ -52,23 +53,7 @@ def make_step(case: str, device: torch.device, batch_size: int) -> Callable[[], 
     from opacus.optimizers import DPOptimizer
 
     if case == "opacus_ghost":
-        from opacus.grad_sample import GradSampleModuleFastGradientClipping
-        from opacus.optimizers import DPOptimizerFastGradientClipping
-        from opacus.utils.fast_gradient_clipping_utils import DPLossFastGradientClipping
-
-        wrapped = GradSampleModuleFastGradientClipping(model, max_grad_norm=CLIP, use_ghost_clipping=True)
-        dp_optimizer = DPOptimizerFastGradientClipping(
-            optimizer, noise_multiplier=SIGMA, max_grad_norm=CLIP, expected_batch_size=batch_size
-        )
-        criterion = DPLossFastGradientClipping(wrapped, dp_optimizer, torch.nn.CrossEntropyLoss(), "mean")
-
-        def ghost_step() -> None:
-            x, y = next_batch()
-            dp_optimizer.zero_grad(set_to_none=True)
-            criterion(wrapped(x), y).backward()
-            dp_optimizer.step()
-
-        return ghost_step
+        return opacus_ghost_step(model, optimizer, batch_size, CLIP, SIGMA, next_batch)
     wrapped = GradSampleModule(model, force_functorch=case == "opacus_functorch")
     dp_optimizer = DPOptimizer(optimizer, noise_multiplier=SIGMA, max_grad_norm=CLIP, expected_batch_size=batch_size)
 

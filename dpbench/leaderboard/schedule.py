@@ -163,15 +163,22 @@ class Scheduler:
                     lr, clip = untuned
                 else:
                     continue
-                cells = [cell_for(self.suite, task, method, variant, "test", epsilon, seed, None, lr, clip)
-                         for seed in self.suite.seeds]
-                if self._run(cells[0]) == "refused":
+                if not self._seeds(task, method, variant, epsilon, lr, clip):
                     continue
-                for cell in cells[1:]:
-                    self._run(cell)
                 kept += 1
                 if kept == method.keep:
                     break
+
+    def _seeds(self, task: Task, method: Method, variant: Variant, epsilon: float | None, lr: float,
+               clip: float | None) -> bool:
+        """Every seed's test cell at this point; False (and no other seed run) when the first is refused."""
+        cells = [cell_for(self.suite, task, method, variant, "test", epsilon, seed, None, lr, clip)
+                 for seed in self.suite.seeds]
+        if self._run(cells[0]) == "refused":
+            return False
+        for cell in cells[1:]:
+            self._run(cell)
+        return True
 
     def _untuned(self, task: Task, method: Method) -> None:
         """A cost-only task's seeds at the grid's centre and tune_epsilon (its costs, not its metric, are shown);
@@ -185,10 +192,5 @@ class Scheduler:
             budgets = (self.suite.tune_epsilon,)
         for epsilon in budgets if method.private else [None]:
             for variant in method.variants():
-                cells = [cell_for(self.suite, task, method, variant, "test", epsilon, seed, None, lr, clip)
-                         for seed in self.suite.seeds]
-                if self._run(cells[0]) == "refused":
-                    continue
-                for cell in cells[1:]:
-                    self._run(cell)
-                break
+                if self._seeds(task, method, variant, epsilon, lr, clip):
+                    break
