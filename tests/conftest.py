@@ -6,6 +6,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ["WANDB_MODE"] = "disabled"
+# submitit's import binds its log handlers to the sys.stdout/sys.stderr of that moment, a test's captured streams,
+# which pytest closes: a later test's submitit warning then failed with "I/O operation on closed file".
+os.environ.setdefault("SUBMITIT_LOG_LEVEL", "NOCONFIG")
 
 # CI replays the same property-test examples every run (a failure reproduces locally with
 # HYPOTHESIS_PROFILE=ci) and reports the first failing example unshrunk: shrinking once took five minutes of CI.

@@ -119,7 +119,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.scale_only:
         print(f"wrote {rewrite_scale_section(args.docs)}")
         return 0
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     profile = args.profile or ("quick" if args.quick else "full")
     try:
         suite = load_suite(profile, args.suite)
@@ -175,4 +174,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    # Here, not in main(): a caller of main() (a test, a notebook) keeps its own logging and streams.
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", datefmt="%H:%M:%S")
     sys.exit(main())
