@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 
 import torch
@@ -9,6 +10,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from dpbench.errors import UnsupportedModelError
+from dpbench.privatizers.per_sample.fastest import batch_bucket, fastest
 from dpbench.privatizers.per_sample.sites import DenseSite, EmbeddingSite, OuterProductSite, Site
 
 SiteMap = dict[nn.Parameter, Site]
@@ -90,9 +92,10 @@ def _grouped_sites(module: nn.Conv1d | nn.Conv2d, patches: Tensor, g: Tensor) ->
     return _affine_sites(module, weight_grad, g.sum(1))
 
 
-def conv_sites(module: nn.Conv1d | nn.Conv2d, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
+def patch_conv_sites(module: nn.Conv1d | nn.Conv2d, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
     """Any stride, dilation, groups, numeric or 'same' padding and padding mode: the input is padded as the layer pads
-    it (nn.Conv's own padding amounts), then every weight is an outer product of patches and output gradients."""
+    it (nn.Conv's own padding amounts), then every weight is an outer product of patches and output gradients (ghost
+    norm or materialized, as for a linear layer)."""
     mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
     x = F.pad(x, module._reversed_padding_repeated_twice, mode=mode)
     kernel, stride, dilation = module.kernel_size, module.stride, module.dilation
@@ -103,6 +106,53 @@ def conv_sites(module: nn.Conv1d | nn.Conv2d, x: Tensor, g: Tensor, dense: bool)
     if module.groups > 1:
         return _grouped_sites(module, patches, g)
     return _matrix_sites(module, patches, g, dense)
+
+
+def grouped_conv_sites(module: nn.Conv1d | nn.Conv2d, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
+    """Every sample's weight gradient at once, materialized, as the weight gradient of one convolution with the batch
+    folded into the channels (B * groups groups): the framework's own convolution kernel (oneDNN, cuDNN) instead of a
+    patch copy and a batched matmul."""
+    batch, spatial = x.shape[0], len(module.kernel_size)
+    padding = module.padding
+    if module.padding_mode != "zeros" or isinstance(padding, str):
+        mode = "constant" if module.padding_mode == "zeros" else module.padding_mode
+        x, padding = F.pad(x, module._reversed_padding_repeated_twice, mode=mode), (0,) * spatial
+    weight_grad = None
+    if module.weight.requires_grad:
+        shape = (batch * module.out_channels, *module.weight.shape[1:])  # only its shape is read
+        _, folded, _ = torch.ops.aten.convolution_backward(
+            g.reshape(1, -1, *g.shape[2:]), x.reshape(1, -1, *x.shape[2:]), x.new_empty(shape), None,
+            module.stride, padding, module.dilation, False, (0,) * spatial, batch * module.groups,
+            (False, True, False),
+        )
+        weight_grad = folded.view(batch, *module.weight.shape)
+    return _affine_sites(module, weight_grad, g.flatten(2).sum(2))
+
+
+def _site_work(rule: Callable[..., SiteMap], module: nn.Module, x: Tensor, g: Tensor, dense: bool) -> Callable:
+    """What a step does with a rule's sites: build them, their norms and a weighted sum."""
+    def run() -> None:
+        ones = torch.ones(x.shape[0], device=x.device, dtype=x.dtype)
+        for site in rule(module, x, g, dense).values():
+            site.norm_sq()
+            site.weighted_sum(ones)
+    return run
+
+
+def conv_sites(module: nn.Conv1d | nn.Conv2d, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
+    """The patch rule or the grouped-convolution rule, whichever ran faster on this layer's shapes (both exact).
+    The grouped rule materializes every per-sample gradient, so it is a candidate only where those take at most
+    twice the memory of the patch matrix that the patch rule copies (out_channels / groups <= 2 positions)."""
+    positions = math.prod(g.shape[2:])
+    rules = {"patches": patch_conv_sites}
+    if module.weight.requires_grad and (dense or module.out_channels // module.groups <= 2 * positions):
+        rules["grouped"] = grouped_conv_sites
+    key = (type(module), module.in_channels, module.out_channels, module.kernel_size, module.stride,
+           module.padding, module.dilation, module.groups, module.padding_mode, module.bias is not None,
+           module.weight.requires_grad, tuple(x.shape[1:]), batch_bucket(x.shape[0]), x.dtype, x.device, dense,
+           torch.get_num_threads())
+    candidates = {name: _site_work(rule, module, x, g, dense) for name, rule in rules.items()}
+    return rules[fastest(key, candidates, x.device)](module, x, g, dense)
 
 
 def embedding_sites(module: nn.Embedding, ids: Tensor, g: Tensor, dense: bool) -> SiteMap:
