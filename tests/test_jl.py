@@ -284,3 +284,30 @@ def test_a_nan_sample_is_dropped_and_the_rest_keep_matching_masks(build):
     assert stats["nonfinite_samples"] == 1 and len(seen["norms"]) == len(labels) - 1
     ratio = seen["norms"].pow(2) / seen["exact"]
     assert torch.all((ratio - 1).abs() < 5 * (2 / 3000) ** 0.5), ratio
+
+
+@pytest.mark.parametrize(("free_mb", "expected"), [
+    (None, [4, 3, 3]),  # memory unknown: the speed cap alone, split evenly
+    (1e6, [4, 3, 3]),
+    (3.0, [3, 3, 2, 2]),  # half of 3 MB holds three directions of 0.5 MB
+    (0.1, [1] * 10),  # not even one: one direction a pass
+])
+def test_default_chunks_split_r_evenly_within_the_memory_that_is_free(monkeypatch, free_mb, expected):
+    monkeypatch.setattr("dpbench.privatizers.jl.free_mb", lambda device: free_mb)
+    strategy = jl(10)
+    assert strategy._chunk_sizes(10, 2**19, torch.device("cpu")) == expected
+
+
+def test_an_explicit_chunk_size_is_kept():
+    assert jl(10, chunk_size=4)._chunk_sizes(10, 2**30, torch.device("cpu")) == [4, 4, 2]
+
+
+def test_saved_activations_are_counted_once_and_parameters_not_at_all():
+    from dpbench.privatizers.jl import counting_saved_bytes
+
+    layer = torch.nn.Linear(100, 50)
+    x = torch.randn(32, 100, requires_grad=True)
+    with counting_saved_bytes(layer) as saved:
+        hidden = layer(x)
+        (hidden * hidden).sum()  # saves `hidden` twice: one storage
+    assert saved[0] == (32 * 100 + 32 * 50) * 4  # x for the weight's gradient, hidden for the square's

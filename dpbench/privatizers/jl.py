@@ -9,14 +9,15 @@ materialized, so it is black-box for any model and its memory stays close to non
 The sensitivity is random (C * sqrt(r / chi2_r)), so each step is accounted as the chi-square mixture of
 subsampled Gaussians of Theorems 2.2-2.3 (dpbench.privacy.mixture), never as the plain subsampled Gaussian.
 
-Speed: the first direction runs as a dual forward pass whose primal keeps its autograd graph, so the backward
-reuses that forward; the other directions are batched with vmap over the tangents (a chunk of one direction runs
-as a plain dual pass, which skips functorch's per-op wrapping). Recurrent models are the
-exception, because the fused LSTM kernels (oneDNN, cuDNN) have no forward-mode AD: the graph forward runs first on
-the fused kernel and records each nn.LSTM call, then all r directions run in one no-grad jvp pass in which every
-nn.LSTM reuses its recorded result as the primal and gets its tangents from a linearised recurrence shared by the
-r directions (dpbench.privatizers.per_sample.lstm_tangent), and an output sequence the loss never reads gets no
-tangent at all; other RNNs run their non-fused kernels in that pass.
+Speed: a plain forward pass keeps the autograd graph that the backward reuses; then all r directions run without
+a graph, batched with vmap over the tangents, so the primal is computed once per chunk of directions (a chunk of one
+runs as a plain dual pass, which skips functorch's per-op wrapping). By default the r directions are split evenly
+into the fewest chunks of at most DIRECTIONS_PER_PASS that fit in half the free memory, judged from the activations
+the graph forward saved (a ragged last chunk pays a whole primal for few directions). For
+recurrent models the graph forward runs on the fused LSTM kernel (oneDNN, cuDNN have no forward-mode AD) and records
+each nn.LSTM call; in the jvp pass every nn.LSTM reuses its recorded result as the primal and gets its tangents from
+a linearised recurrence shared by the r directions (dpbench.privatizers.per_sample.lstm_tangent), and an output
+sequence the loss never reads gets no tangent at all; other RNNs run their non-fused kernels in that pass.
 Random ops such as dropout replay the same stream in both passes.
 """
 
@@ -52,6 +53,7 @@ from dpbench.privatizers.per_sample.lstm_tangent import (
     record_call,
 )
 from dpbench.privatizers.per_sample.verify import loss_deviation, tolerance
+from dpbench.profiling.memory import free_mb
 from dpbench.tasks import Batch, Task, batch_size_of
 
 MAX_PROJECTIONS = 1024
@@ -67,9 +69,11 @@ class JLConfig:
     often near 0, so its clipped gradient goes out nearly unscaled); at the default budget (epsilon 3, MNIST-5k,
     batch 500, 30 epochs) r = 10 is the smallest whose calibrated noise stays within 20% of vanilla DP-SGD's
     (sigma 3.40 against 2.88; r = 9: 3.55, r = 5: 8.9, r = 3: 53, r = 2: 563)."""
-    chunk_size: int | None = 4
+    chunk_size: int | None = None
     """Directions batched per vmap call: faster when larger, but the jvp pass holds about chunk_size times a
-    forward pass's activations (1: memory close to non-private training); null batches all r at once."""
+    forward pass's activations (1: memory close to non-private training); null: r split evenly into chunks of at
+    most DIRECTIONS_PER_PASS that fit in half the free memory (the CUDA device's, else the host's), judged from the
+    graph forward's saved activations."""
 
 
 @contextlib.contextmanager
@@ -117,6 +121,34 @@ def forward_ad_kernels(model: nn.Module, recorded: dict[nn.Module, Recorded | No
             stack.enter_context(torch.backends.mkldnn.flags(enabled=False))
             stack.enter_context(torch.backends.cudnn.flags(enabled=False))
         yield
+
+
+MEMORY_SHARE = 0.5
+"""Share of the free memory that the directions of one jvp chunk may take when chunk_size is null."""
+DIRECTIONS_PER_PASS = 4
+"""At most this many directions per vmap call when chunk_size is null, the r directions split evenly: larger calls
+were not faster where measured (2026-11-26, one thread, r = 10, a step): on the ViT (batch 500) chunks of 4 took
+1,471-1,499 ms, of 5 1,560 ms, all 10 at once 1,619 ms (more tangent memory per call, more page faults); on the CNN
+(batch 256) chunks of 5 took 110 ms, all 10 121 ms, 4 + 4 + 2 124 ms."""
+
+
+@contextlib.contextmanager
+def counting_saved_bytes(model: nn.Module) -> Iterator[list[int]]:
+    """Bytes of the activations that autograd saves in the block (each storage once, parameters not counted): what
+    one more forward-mode direction holds, about, at most."""
+    parameters = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    seen: set[int] = set()
+    total = [0]
+
+    def pack(tensor: Tensor) -> Tensor:
+        storage = tensor.untyped_storage()
+        if storage.data_ptr() not in seen and storage.data_ptr() not in parameters:
+            seen.add(storage.data_ptr())
+            total[0] += storage.nbytes()
+        return tensor
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
+        yield total
 
 
 def dual_losses(
@@ -211,8 +243,19 @@ class JL(PrivatizerStrategy):
         draws = self.directions.on(next(iter(params.values())).device)
         return {name: draws.normal((count, *p.shape), p.dtype) for name, p in params.items()}
 
+    def _chunk_sizes(self, count: int, activation_bytes: int, device: torch.device) -> list[int]:
+        """Directions per vmap call: chunk_size each (the last fewer), or, when it is null, the fewest calls of at
+        most DIRECTIONS_PER_PASS directions that fit in half the free memory, sizes differing by at most one."""
+        if self.config.chunk_size is not None:
+            return [min(self.config.chunk_size, count - start) for start in range(0, count, self.config.chunk_size)]
+        free = free_mb(device)
+        fit = count if free is None or activation_bytes <= 0 else int(MEMORY_SHARE * free * 2**20 // activation_bytes)
+        passes = math.ceil(count / max(1, min(DIRECTIONS_PER_PASS, fit)))
+        return [count // passes + (i < count % passes) for i in range(passes)]
+
     def _jvp_chunks(
-        self, model: nn.Module, task: Task, batch: Batch, params: dict[str, Tensor], count: int, replay: Replay
+        self, model: nn.Module, task: Task, batch: Batch, params: dict[str, Tensor], count: int, replay: Replay,
+        activation_bytes: int,
     ) -> Tensor:
         """(B, count) projections <grad loss_i, v_j>, without an autograd graph, directions batched by vmap; every
         chunk replays the random stream of the pass whose graph the backward uses (same dropout masks)."""
@@ -222,11 +265,9 @@ class JL(PrivatizerStrategy):
         def project(tangents: dict[str, Tensor]) -> Tensor:
             return jvp(losses, (params,), (tangents,))[1]
 
-        size = self.config.chunk_size or count
         parts = []
         with torch.no_grad():
-            for start in range(0, count, size):
-                chunk = min(size, count - start)
+            for chunk in self._chunk_sizes(count, activation_bytes, next(iter(params.values())).device):
                 tangents = self._draw(params, chunk)
                 replay.restore()
                 if chunk == 1:  # a plain dual pass: forward AD's native rules, without functorch wrapping each op
@@ -238,23 +279,19 @@ class JL(PrivatizerStrategy):
         return torch.cat(parts).T
 
     def projections(self, model: nn.Module, task: Task, batch: Batch) -> tuple[Tensor, Tensor]:
-        """Per-sample losses (with their autograd graph) and the (B, r) JL projections of their gradients."""
+        """Per-sample losses (with their autograd graph) and the (B, r) JL projections of their gradients: the graph
+        forward first (recording each nn.LSTM call), then every direction without a graph, replaying its random ops."""
         trainable = trainable_parameters(model)
         detached = {name: p.detach() for name, p in trainable.items()}
         replay = Replay(model)
+        with recording_lstms(model) as recorded, counting_saved_bytes(model) as saved:
+            losses = task.per_sample_loss(model, batch)
+        kernels = forward_ad_kernels(model, recorded) if self.recurrent else forward_ad_kernels(model)
         if self.recurrent:
-            with recording_lstms(model) as recorded:
-                losses = task.per_sample_loss(model, batch)
             mark_unread_outputs(recorded, losses)
-            with torch.random.fork_rng(devices=replay.devices), forward_ad_kernels(model, recorded):
-                projected = self._jvp_chunks(model, task, batch, detached, self.config.projections, replay)
-            return losses, projected
-        with torch.random.fork_rng(devices=replay.devices), forward_ad_kernels(model):
-            projected = self._jvp_chunks(model, task, batch, detached, self.config.projections - 1, replay)
-        first = tree_map(lambda t: t[0], self._draw(detached, 1))
-        with forward_ad_kernels(model):
-            losses, tangent = dual_losses(model, task, batch, trainable, first)
-        return losses, torch.cat([tangent.detach().unsqueeze(1), projected], dim=1)
+        with torch.random.fork_rng(devices=replay.devices), kernels:
+            projected = self._jvp_chunks(model, task, batch, detached, self.config.projections, replay, saved[0])
+        return losses, projected
 
     def reweighted_sum(self, model: nn.Module, losses: Tensor, norms: Tensor) -> dict[str, Tensor]:
         """sum_i min(1, C / norms_i) grad loss_i by one backward pass (exact clipping when norms are exact)."""

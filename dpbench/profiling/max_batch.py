@@ -26,6 +26,7 @@ from queue import Empty
 import torch
 
 from dpbench.errors import ConfigurationError
+from dpbench.profiling.memory import available_mb
 
 log = logging.getLogger(__name__)
 
@@ -312,17 +313,6 @@ def find_max_batch(
     if low == 0:
         result.note = f"out of memory at batch 1 under {cap_mb:g} MB ({result.trials[-1].reason})"
     return result
-
-
-def available_mb() -> float | None:
-    """MemAvailable: what a trial can take before the host itself runs out (None where /proc is missing)."""
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        return None
-    return None
 
 
 def _above_interpreter(trial: Trial, cap_mb: float, device: str) -> bool:

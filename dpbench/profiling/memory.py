@@ -31,6 +31,24 @@ def resident_mb() -> float:
     return (kib or 0) / 1024.0
 
 
+def available_mb() -> float | None:
+    """MemAvailable: what the process can still take before the host runs out (None where /proc is missing)."""
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        return None
+    return None
+
+
+def free_mb(device: torch.device) -> float | None:
+    """Memory still free where tensors on `device` live: the CUDA device's, else the host's (None: unknown)."""
+    if device.type == "cuda":
+        return torch.cuda.mem_get_info(device)[0] / 2**20
+    return available_mb()
+
+
 def high_water_mark_mb() -> float:
     """The process's peak resident size so far (VmHWM; ru_maxrss where /proc is missing)."""
     kib = _status_kib("VmHWM")
