@@ -287,15 +287,14 @@ def test_a_nan_sample_is_dropped_and_the_rest_keep_matching_masks(build):
 
 
 @pytest.mark.parametrize(("free_mb", "expected"), [
-    (None, [4, 3, 3]),  # memory unknown: the speed cap alone, split evenly
-    (1e6, [4, 3, 3]),
-    (3.0, [3, 3, 2, 2]),  # half of 3 MB holds three directions of 0.5 MB
-    (0.1, [1] * 10),  # not even one: one direction a pass
+    (None, [4, 4, 1]),  # memory unknown: four directions a pass
+    (1e6, [4, 4, 1]),
+    (3.0, [3, 3, 3]),  # half of 3 MB holds three directions of 0.5 MB
+    (0.1, [1] * 9),  # not even one: one direction a pass
 ])
-def test_default_chunks_split_r_evenly_within_the_memory_that_is_free(monkeypatch, free_mb, expected):
+def test_default_chunks_hold_what_the_free_memory_allows(monkeypatch, free_mb, expected):
     monkeypatch.setattr("dpbench.privatizers.jl.free_mb", lambda device: free_mb)
-    strategy = jl(10)
-    assert strategy._chunk_sizes(10, 2**19, torch.device("cpu")) == expected
+    assert jl(10)._chunk_sizes(9, 2**19, torch.device("cpu")) == expected
 
 
 def test_an_explicit_chunk_size_is_kept():

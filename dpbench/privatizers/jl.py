@@ -9,15 +9,18 @@ materialized, so it is black-box for any model and its memory stays close to non
 The sensitivity is random (C * sqrt(r / chi2_r)), so each step is accounted as the chi-square mixture of
 subsampled Gaussians of Theorems 2.2-2.3 (dpbench.privacy.mixture), never as the plain subsampled Gaussian.
 
-Speed: a plain forward pass keeps the autograd graph that the backward reuses; then all r directions run without
-a graph, batched with vmap over the tangents, so the primal is computed once per chunk of directions (a chunk of one
-runs as a plain dual pass, which skips functorch's per-op wrapping). By default the r directions are split evenly
-into the fewest chunks of at most DIRECTIONS_PER_PASS that fit in half the free memory, judged from the activations
-the graph forward saved (a ragged last chunk pays a whole primal for few directions). For
-recurrent models the graph forward runs on the fused LSTM kernel (oneDNN, cuDNN have no forward-mode AD) and records
-each nn.LSTM call; in the jvp pass every nn.LSTM reuses its recorded result as the primal and gets its tangents from
-a linearised recurrence shared by the r directions (dpbench.privatizers.per_sample.lstm_tangent), and an output
-sequence the loss never reads gets no tangent at all; other RNNs run their non-fused kernels in that pass.
+Speed: the first direction runs as a dual forward pass whose primal keeps its autograd graph, so the backward
+reuses that forward; the other directions run without a graph, batched with vmap over the tangents, so the primal is
+computed once per chunk of directions (a chunk of one runs as a plain dual pass, which skips functorch's per-op
+wrapping). By default a chunk holds DIRECTIONS_PER_PASS directions, fewer where half the free memory holds fewer,
+judged from the activations the graph pass saved. (A plain graph forward followed by all r directions graph-free was
+measured too, 2026-11-26, one thread: no faster on the CNN, 156 against 152 ms a step, and 9% slower on the ViT:
+the dual pass's graph costs less than one more tangent.) Recurrent models run
+every direction graph-free, because the fused LSTM kernels (oneDNN, cuDNN) have no forward-mode AD: the graph
+forward runs first on the fused kernel and records each nn.LSTM call, then in the jvp pass every nn.LSTM reuses its
+recorded result as the primal and gets its tangents from a linearised recurrence shared by the r directions
+(dpbench.privatizers.per_sample.lstm_tangent), and an output sequence the loss never reads gets no tangent at all;
+other RNNs run their non-fused kernels in that pass.
 Random ops such as dropout replay the same stream in both passes.
 """
 
@@ -71,9 +74,9 @@ class JLConfig:
     (sigma 3.40 against 2.88; r = 9: 3.55, r = 5: 8.9, r = 3: 53, r = 2: 563)."""
     chunk_size: int | None = None
     """Directions batched per vmap call: faster when larger, but the jvp pass holds about chunk_size times a
-    forward pass's activations (1: memory close to non-private training); null: r split evenly into chunks of at
-    most DIRECTIONS_PER_PASS that fit in half the free memory (the CUDA device's, else the host's), judged from the
-    graph forward's saved activations."""
+    forward pass's activations (1: memory close to non-private training); null: DIRECTIONS_PER_PASS (4), fewer where
+    half the free memory (the CUDA device's, else the host's) holds fewer, judged from the graph pass's saved
+    activations."""
 
 
 @contextlib.contextmanager
@@ -126,10 +129,10 @@ def forward_ad_kernels(model: nn.Module, recorded: dict[nn.Module, Recorded | No
 MEMORY_SHARE = 0.5
 """Share of the free memory that the directions of one jvp chunk may take when chunk_size is null."""
 DIRECTIONS_PER_PASS = 4
-"""At most this many directions per vmap call when chunk_size is null, the r directions split evenly: larger calls
-were not faster where measured (2026-11-26, one thread, r = 10, a step): on the ViT (batch 500) chunks of 4 took
-1,471-1,499 ms, of 5 1,560 ms, all 10 at once 1,619 ms (more tangent memory per call, more page faults); on the CNN
-(batch 256) chunks of 5 took 110 ms, all 10 121 ms, 4 + 4 + 2 124 ms."""
+"""Directions per vmap call when chunk_size is null and memory allows: larger calls were not faster where measured
+(2026-11-26, one thread, a step with r = 10): on the ViT (batch 500) chunks of 4 took 1,471-1,499 ms, of 5
+1,560 ms, all 10 at once 1,619 ms (more tangent memory per call, more page faults); on the CNN (batch 256) chunks
+of 4 and of 3 were within the rounds' spread (152 and 162 ms), of 5 110 ms and all 10 121 ms in another run."""
 
 
 @contextlib.contextmanager
@@ -141,10 +144,14 @@ def counting_saved_bytes(model: nn.Module) -> Iterator[list[int]]:
     total = [0]
 
     def pack(tensor: Tensor) -> Tensor:
-        storage = tensor.untyped_storage()
-        if storage.data_ptr() not in seen and storage.data_ptr() not in parameters:
-            seen.add(storage.data_ptr())
-            total[0] += storage.nbytes()
+        try:
+            storage = tensor.untyped_storage()
+            pointer, size = storage.data_ptr(), storage.nbytes()
+        except RuntimeError:  # a tensor without a plain storage (the dual pass saves some): its own size
+            pointer, size = None, tensor.nelement() * tensor.element_size()
+        if pointer is None or (pointer not in seen and pointer not in parameters):
+            seen.add(pointer)
+            total[0] += size
         return tensor
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
@@ -244,14 +251,16 @@ class JL(PrivatizerStrategy):
         return {name: draws.normal((count, *p.shape), p.dtype) for name, p in params.items()}
 
     def _chunk_sizes(self, count: int, activation_bytes: int, device: torch.device) -> list[int]:
-        """Directions per vmap call: chunk_size each (the last fewer), or, when it is null, the fewest calls of at
-        most DIRECTIONS_PER_PASS directions that fit in half the free memory, sizes differing by at most one."""
-        if self.config.chunk_size is not None:
-            return [min(self.config.chunk_size, count - start) for start in range(0, count, self.config.chunk_size)]
-        free = free_mb(device)
-        fit = count if free is None or activation_bytes <= 0 else int(MEMORY_SHARE * free * 2**20 // activation_bytes)
-        passes = math.ceil(count / max(1, min(DIRECTIONS_PER_PASS, fit)))
-        return [count // passes + (i < count % passes) for i in range(passes)]
+        """Directions per vmap call: chunk_size each (the last fewer); when it is null, DIRECTIONS_PER_PASS, or as
+        many as half the free memory holds when that is fewer (at least one)."""
+        size = self.config.chunk_size
+        if size is None:
+            free = free_mb(device)
+            fit = DIRECTIONS_PER_PASS
+            if free is not None and activation_bytes > 0:
+                fit = int(MEMORY_SHARE * free * 2**20 // activation_bytes)
+            size = max(1, min(DIRECTIONS_PER_PASS, fit))
+        return [min(size, count - start) for start in range(0, count, size)]
 
     def _jvp_chunks(
         self, model: nn.Module, task: Task, batch: Batch, params: dict[str, Tensor], count: int, replay: Replay,
@@ -280,18 +289,28 @@ class JL(PrivatizerStrategy):
 
     def projections(self, model: nn.Module, task: Task, batch: Batch) -> tuple[Tensor, Tensor]:
         """Per-sample losses (with their autograd graph) and the (B, r) JL projections of their gradients: the graph
-        forward first (recording each nn.LSTM call), then every direction without a graph, replaying its random ops."""
+        pass first (with the first direction, or recording each nn.LSTM call), then the other directions without a
+        graph, each chunk replaying the graph pass's random ops."""
         trainable = trainable_parameters(model)
         detached = {name: p.detach() for name, p in trainable.items()}
         replay = Replay(model)
+        first = None
         with recording_lstms(model) as recorded, counting_saved_bytes(model) as saved:
-            losses = task.per_sample_loss(model, batch)
-        kernels = forward_ad_kernels(model, recorded) if self.recurrent else forward_ad_kernels(model)
+            if self.recurrent:
+                losses = task.per_sample_loss(model, batch)
+            else:
+                direction = tree_map(lambda t: t[0], self._draw(detached, 1))
+                with forward_ad_kernels(model):
+                    losses, first = dual_losses(model, task, batch, trainable, direction)
         if self.recurrent:
             mark_unread_outputs(recorded, losses)
+        kernels = forward_ad_kernels(model, recorded if self.recurrent else None)
+        count = self.config.projections - (first is not None)
         with torch.random.fork_rng(devices=replay.devices), kernels:
-            projected = self._jvp_chunks(model, task, batch, detached, self.config.projections, replay, saved[0])
-        return losses, projected
+            projected = self._jvp_chunks(model, task, batch, detached, count, replay, saved[0])
+        if first is None:
+            return losses, projected
+        return losses, torch.cat([first.detach().unsqueeze(1), projected], dim=1)
 
     def reweighted_sum(self, model: nn.Module, losses: Tensor, norms: Tensor) -> dict[str, Tensor]:
         """sum_i min(1, C / norms_i) grad loss_i by one backward pass (exact clipping when norms are exact)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 from typing import Any, NamedTuple
 
 import torch
-from torch import _VF, Tensor, nn
+from torch import Tensor, nn
 
 from dpbench.privatizers.per_sample.recurrence import (
     directional_inputs,
@@ -25,7 +25,6 @@ from dpbench.privatizers.per_sample.recurrence import (
     input_gates,
     joined_outputs,
     layer_weights,
-    parameter_suffixes,
 )
 
 
@@ -52,64 +51,51 @@ def _shifted(states: Tensor) -> Tensor:
     return torch.cat([torch.zeros_like(states[:, :, :1]), states[:, :, :-1]], dim=2)
 
 
-KERNELS = {"LSTM": _VF.lstm, "GRU": _VF.gru, "RNN_TANH": _VF.rnn_tanh, "RNN_RELU": _VF.rnn_relu}
-
-
-def kernel_outputs(module: nn.RNNBase, layer: int, x: Tensor) -> Tensor:
-    """(D, B, T, H): one layer's outputs from the framework's fused kernel (oneDNN, cuDNN), each direction in its
-    processing order, from zero states; x is the layer's batch-first input in time order."""
-    count, hidden = directions(module), module.hidden_size
-    kinds = ("weight_ih", "weight_hh", "bias_ih", "bias_hh") if module.bias else ("weight_ih", "weight_hh")
-    suffixes = parameter_suffixes(module, layer)
-    weights = [getattr(module, kind + suffix).detach() for suffix in suffixes for kind in kinds]
-    h0 = x.new_zeros(count, x.shape[0], hidden)
-    states = (h0, torch.zeros_like(h0)) if module.mode == "LSTM" else h0
-    with torch.no_grad():
-        out = KERNELS[module.mode](x, states, weights, module.bias, 1, 0.0, module.training, module.bidirectional,
-                                   True)[0]
-    return torch.stack([out[..., :hidden], *[out[..., hidden:].flip(1)] * (count - 1)])
-
-
 class Recurrence(torch.autograd.Function):
     """(D, B, T, G*H) input gates -> outputs (D, B, T, H), h_n (D, B, H), c_n (D, B, H; LSTM, else empty) and GRU's
-    reset gates (D, B, T, H; else empty, not differentiable), from zero states. The outputs are the fused kernel's;
-    the gate activations every step saw are then formed for all steps at once from the states before them (only
-    the LSTM's cells need a scan, one fused multiply-add a step). Backward gives the input gates' gradient only."""
+    reset gates (D, B, T, H; else empty, not differentiable), from zero states. Backward gives the input gates'
+    gradient only."""
 
     @staticmethod
-    def forward(ctx: Any, mode: str, gates: Tensor, w_hh: Tensor, b_hh: Tensor, outputs: Tensor) \
+    def forward(ctx: Any, mode: str, gates: Tensor, w_hh: Tensor, b_hh: Tensor) \
             -> tuple[Tensor, Tensor, Tensor, Tensor]:
-        count, batch, steps, width = gates.shape
+        count, batch, steps, _ = gates.shape
         hidden = w_hh.shape[2]
-        previous = _shifted(outputs).reshape(count, -1, hidden)
-        saved = cells = None
-        c = gates.new_zeros(0)
-        if mode == "LSTM":
-            pre = torch.baddbmm(gates.reshape(count, -1, width), previous, w_hh.transpose(1, 2)).view(gates.shape)
-            saved = torch.sigmoid(pre)
-            torch.tanh(pre[..., 2 * hidden : 3 * hidden], out=saved[..., 2 * hidden : 3 * hidden])
-            i, f, g, _ = saved.chunk(4, dim=3)
-            inflow, forget = (i * g).permute(2, 0, 1, 3).contiguous(), f.permute(2, 0, 1, 3).contiguous()
-            time_major = torch.empty_like(inflow)  # (T, D, B, H): each step's slice contiguous
-            c = gates.new_zeros(count, batch, hidden)
-            for t in range(steps):
-                c = torch.addcmul(inflow[t], forget[t], c, out=time_major[t])
-            cells, c = time_major.permute(1, 2, 0, 3), c.clone()
-        elif mode == "GRU":
-            recurrent = torch.baddbmm(b_hh[:, None], previous, w_hh.transpose(1, 2)).view(gates.shape)
-            x_r, x_z, x_n = gates.chunk(3, dim=3)
-            h_r, h_z, h_n = recurrent.chunk(3, dim=3)
-            reset, update = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
-            saved = torch.cat([reset, update, torch.tanh(x_n + reset * h_n), h_n], dim=3)
+        w_t = w_hh.transpose(1, 2)
+        h = gates.new_zeros(count, batch, hidden)
+        c = torch.zeros_like(h) if mode == "LSTM" else gates.new_zeros(0)
+        outputs = gates.new_empty(count, batch, steps, hidden)
+        saved = gates.new_empty(count, batch, steps, 4 * hidden) if mode in ("LSTM", "GRU") else None
+        cells = gates.new_empty(count, batch, steps, hidden) if mode == "LSTM" else None
+        for t in range(steps):
+            if mode == "LSTM":
+                pre = torch.baddbmm(gates[:, :, t], h, w_t)
+                act = torch.sigmoid(pre)
+                act[..., 2 * hidden : 3 * hidden] = torch.tanh(pre[..., 2 * hidden : 3 * hidden])
+                i, f, g, o = act.chunk(4, dim=2)
+                c = torch.addcmul(f * c, i, g)
+                h = o * torch.tanh(c)
+                saved[:, :, t], cells[:, :, t] = act, c
+            elif mode == "GRU":
+                part = torch.baddbmm(b_hh.unsqueeze(1), h, w_t)
+                x_r, x_z, x_n = gates[:, :, t].chunk(3, dim=2)
+                h_r, h_z, h_n = part.chunk(3, dim=2)
+                reset, update = torch.sigmoid(x_r + h_r), torch.sigmoid(x_z + h_z)
+                new = torch.tanh(x_n + reset * h_n)
+                h = new + update * (h - new)
+                saved[:, :, t] = torch.cat([reset, update, new, h_n], dim=2)
+            else:
+                pre = torch.baddbmm(gates[:, :, t], h, w_t)
+                h = torch.tanh(pre) if mode == "RNN_TANH" else torch.relu(pre)
+            outputs[:, :, t] = h
         ctx.mode = mode
         ctx.save_for_backward(w_hh, outputs, saved, cells)
         resets = saved[..., :hidden].clone() if mode == "GRU" else gates.new_zeros(0)
         ctx.mark_non_differentiable(resets)
-        return outputs.clone(), outputs[:, :, -1].clone(), c, resets
+        return outputs, h, c, resets
 
     @staticmethod
-    def backward(ctx: Any, d_out: Tensor, d_h: Tensor, d_c: Tensor, _: Tensor) \
-            -> tuple[None, Tensor, None, None, None]:
+    def backward(ctx: Any, d_out: Tensor, d_h: Tensor, d_c: Tensor, _: Tensor) -> tuple[None, Tensor, None, None]:
         w_hh, outputs, saved, cells = ctx.saved_tensors
         mode, steps = ctx.mode, outputs.shape[2]
         if mode == "LSTM":
@@ -142,7 +128,7 @@ class Recurrence(torch.autograd.Function):
             else:
                 grads[:, :, t] = d_ht * slopes[:, :, t]
                 d_h = torch.bmm(grads[:, :, t], w_hh)
-        return None, grads, None, None, None
+        return None, grads, None, None
 
 
 def gate_forward(module: nn.RNNBase, keep: dict, *args: Any, **kwargs: Any) -> Any:
@@ -158,8 +144,7 @@ def gate_forward(module: nn.RNNBase, keep: dict, *args: Any, **kwargs: Any) -> A
         weights = layer_weights(module, layer)
         layer_inputs = directional_inputs(x, count)
         gates = input_gates(mode, layer_inputs, weights)
-        fused = kernel_outputs(module, layer, x)
-        outputs, h, c, reset = Recurrence.apply(mode, gates, weights.w_hh.detach(), weights.b_hh.detach(), fused)
+        outputs, h, c, reset = Recurrence.apply(mode, gates, weights.w_hh.detach(), weights.b_hh.detach())
         gates_per_layer.append(gates)
         inputs.append(layer_inputs.detach())
         previous.append(_shifted(outputs.detach()))
