@@ -74,8 +74,16 @@ def test_a_huge_sample_is_still_clipped_to_the_bound_by_the_grouped_rule():
         assert contribution.norm() <= 1.0 + 1e-9
 
 
-def test_the_faster_candidate_is_chosen_once_per_key(monkeypatch):
+@pytest.fixture(autouse=True)
+def fresh_choices(tmp_path, monkeypatch):
+    """No choice recorded by an earlier run: an empty cache directory, and none in this process."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     fastest.forget()
+    yield tmp_path / "cache"
+    fastest.forget()
+
+
+def test_the_faster_candidate_is_chosen_once_and_recorded_for_later_runs():
     calls = {"slow": 0, "quick": 0}
 
     def slow() -> None:
@@ -89,9 +97,20 @@ def test_the_faster_candidate_is_chosen_once_per_key(monkeypatch):
     assert fastest.fastest("k", {"slow": slow, "quick": quick}, cpu) == "quick"
     assert calls == {"slow": fastest.TIMED_RUNS + 1, "quick": fastest.TIMED_RUNS + 1}
     assert fastest.fastest("k", {"slow": slow, "quick": quick}, cpu) == "quick"
-    assert calls == {"slow": fastest.TIMED_RUNS + 1, "quick": fastest.TIMED_RUNS + 1}  # not timed again
-    assert fastest.fastest("single", {"slow": slow}, cpu) == "slow" and "single" not in fastest.chosen()
-    fastest.forget()
+    fastest.forget()  # a later process: it reads the choice instead of timing again
+    assert fastest.fastest("k", {"slow": slow, "quick": quick}, cpu) == "quick"
+    assert calls == {"slow": fastest.TIMED_RUNS + 1, "quick": fastest.TIMED_RUNS + 1}
+    assert fastest.fastest("single", {"slow": slow}, cpu) == "slow"
+    assert not any("single" in key for key in fastest.chosen())
+
+
+def test_a_near_tie_keeps_the_first_candidate(monkeypatch):
+    """Noise must not flip a choice: the second wins only by the margin."""
+    timings = iter([1.0, 1.0 - fastest.MARGIN / 2, 1.0, 1.0 - 2 * fastest.MARGIN])
+    monkeypatch.setattr(fastest, "_seconds", lambda run, device: next(timings))
+    cpu = torch.device("cpu")
+    assert fastest.fastest("tie", {"first": print, "second": print}, cpu) == "first"
+    assert fastest.fastest("clear", {"first": print, "second": print}, cpu) == "second"
 
 
 def test_poisson_batches_around_the_expected_size_share_a_choice():
@@ -102,7 +121,6 @@ def test_poisson_batches_around_the_expected_size_share_a_choice():
 @pytest.mark.parametrize("winner", ["patches", "grouped"])
 def test_conv_sites_runs_the_rule_that_was_timed_fastest(monkeypatch, winner):
     """Whichever rule wins the timing, the sites are the sample's own gradients (float64, per-example loop)."""
-    fastest.forget()
     timings = iter([1.0, 2.0] if winner == "patches" else [2.0, 1.0])
     monkeypatch.setattr(fastest, "_seconds", lambda run, device: next(timings))
     layer = nn.Conv2d(2, 3, 3, padding=1).double()
@@ -113,12 +131,10 @@ def test_conv_sites_runs_the_rule_that_was_timed_fastest(monkeypatch, winner):
     expected = per_example(layer, x, g)
     for param, site in sites.items():
         torch.testing.assert_close(site.materialize().reshape(expected[param].shape), expected[param])
-    fastest.forget()
 
 
 def test_the_grouped_rule_is_not_a_candidate_where_it_would_hold_much_more_memory(monkeypatch):
     """A wide layer over few positions: materializing (B, out, in, k, k) would dwarf the patch matrix."""
-    fastest.forget()
     seen = []
     monkeypatch.setattr(fastest, "fastest", lambda key, candidates, device: seen.append(set(candidates)) or "patches")
     monkeypatch.setattr("dpbench.privatizers.per_sample.layers.fastest", fastest.fastest)
@@ -126,3 +142,11 @@ def test_the_grouped_rule_is_not_a_candidate_where_it_would_hold_much_more_memor
     x = torch.randn(4, 8, 4, 4)
     conv_sites(layer, x, torch.randn_like(layer(x)), False)  # 4 positions, 64 output channels
     assert seen == [{"patches"}]
+
+
+def test_concurrent_first_runs_keep_the_first_choice_written(fresh_choices):
+    """Two runs that timed the same new shape at once: the one that records second takes the first's choice, so
+    every later run (a resume, a rerun) computes with the same rule."""
+    assert fastest._record("shape", "grouped") == "grouped"
+    assert fastest._record("shape", "patches") == "grouped"
+    assert (fresh_choices / "dpbench" / "rule_choices" / fastest.FILE).stat().st_mode & 0o077 == 0

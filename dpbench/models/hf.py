@@ -21,6 +21,7 @@ from torch import Tensor, nn
 
 from dpbench.data.bundle import DataBundle
 from dpbench.errors import ConfigurationError, MissingDataError
+from dpbench.models.fixed_encoder import head_on_cached_features
 from dpbench.models.lora import LoRAConfig, add_lora
 from dpbench.models.published import PublishedShape, published_shape
 
@@ -109,6 +110,10 @@ class TextTransformerConfig:
     """LoRA adapters through peft (dpbench.models.lora): with a rank, only they and the classification head (the
     layers outside the base model; BERT's [CLS] pooler is inside it and stays fixed) train, model.freeze may fix more;
     null, or a null rank: no adapters."""
+    cached_features: bool = False
+    """With a pretrained encoder that model.freeze fixes whole and model.pooling=mean: its pooled features computed
+    once per data split and cached on disk ($XDG_CACHE_HOME/dpbench/encoder_features), and only the head trained on
+    them (dpbench.models.fixed_encoder): the same head and per-sample gradients, without an encoder pass a step."""
 
 
 @dataclass
@@ -197,11 +202,15 @@ class SequenceClassifier(nn.Module):
             kwargs["position_ids"] = torch.arange(length, device=kwargs["input_ids"].device).expand(batch, length)
         if self.pooling == "model":
             return self.model(**kwargs).logits
-        hidden = self.model.base_model(**kwargs, return_dict=True).last_hidden_state
-        mask = kwargs.get("attention_mask", torch.ones_like(kwargs["input_ids"])).unsqueeze(-1).to(hidden.dtype)
-        pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
+        pooled = self.pooled(kwargs)
         dropout = getattr(self.model, "dropout", None)
         return self.model.classifier(dropout(pooled) if isinstance(dropout, nn.Module) else pooled)
+
+    def pooled(self, inputs: dict[str, Tensor]) -> Tensor:
+        """(B, hidden): the mean of the last hidden states over the real tokens (model.pooling=mean)."""
+        hidden = self.model.base_model(**inputs, return_dict=True).last_hidden_state
+        mask = inputs.get("attention_mask", torch.ones_like(inputs["input_ids"])).unsqueeze(-1).to(hidden.dtype)
+        return (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)
 
 
 def _remove_pooler(model: nn.Module) -> None:
@@ -306,14 +315,20 @@ def _text_settings(config: TextTransformerConfig, kind: str, shape: PublishedSha
 def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> nn.Module:
     from transformers import AutoModelForSequenceClassification, OPTConfig, RobertaConfig
 
-    _text_data(data, kind)
     shape = _sized(kind, config, TEXT_SHAPE)
     if config.pretrained:
         model = load_pretrained(AutoModelForSequenceClassification, config.pretrained, num_labels=data.num_classes)
         classifier = SequenceClassifier(model, model.config.model_type in EXPLICIT_POSITIONS, config.pooling)
         add_lora(model, config.lora)
         freeze_parameters(model, config.freeze)
+        if config.cached_features:
+            return head_on_cached_features(classifier, data, config.pretrained)
+        _text_data(data, kind)
         return classifier.train()  # from_pretrained hands the model over in eval mode
+    if config.cached_features:
+        raise ConfigurationError("model.cached_features=true caches a pretrained encoder's features: set "
+                                 "model.pretrained, or drop model.cached_features")
+    _text_data(data, kind)
     if not config.tokenizer.startswith("hf:"):
         raise ConfigurationError(f"model.tokenizer must be hf:NAME, got {config.tokenizer!r}")
     tokenizer = load_tokenizer(config.tokenizer[3:])

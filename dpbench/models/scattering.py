@@ -1,19 +1,14 @@
-"""Scattering transforms (kymatio) of whole image splits, computed once and cached on disk.
+"""Scattering transforms (kymatio) of whole image splits, computed once and cached on disk (feature_cache.py).
 
 The transform is fixed (no parameters, nothing learned from data) and maps each image to its own features, so
 training on the features has the privacy guarantee of training on the images. It is the slow part of a ScatterNet
-run (about 4 ms an image on one CPU core), hence the cache: one file per split, keyed by the split's exact contents
-and the scattering settings, so that a changed data set or setting recomputes and nothing stale is ever read.
+run (about 4 ms an image on one CPU core), hence the cache, keyed by the scattering settings and kymatio's version.
 """
 
 from __future__ import annotations
 
-import hashlib
-import logging
-import os
-import tempfile
-import time
 from dataclasses import asdict, dataclass
+from functools import partial
 from importlib.metadata import version
 from pathlib import Path
 
@@ -21,8 +16,8 @@ import torch
 from torch import Tensor
 
 from dpbench.errors import ConfigurationError
+from dpbench.models.feature_cache import cached
 
-log = logging.getLogger(__name__)
 CHUNK = 1024
 """Images per kymatio call: large enough to amortise its per-call cost, small enough for its FFT buffers."""
 
@@ -71,46 +66,8 @@ def scattering_features(images: Tensor, settings: ScatteringSettings) -> Tensor:
     return torch.cat(chunks).reshape(len(images), *shape)
 
 
-def default_cache_dir() -> Path:
-    """$XDG_CACHE_HOME/dpbench/scattering, or ~/.cache/dpbench/scattering."""
-    root = os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache"
-    return Path(root) / "dpbench" / "scattering"
-
-
-def cache_key(images: Tensor, settings: ScatteringSettings) -> str:
-    """A digest of the images' bytes, shape and dtype, the settings and kymatio's version (its filters)."""
-    digest = hashlib.sha256(repr((asdict(settings), version("kymatio"), tuple(images.shape), str(images.dtype)))
-                            .encode())
-    digest.update(images.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:32]
-
-
 def cached_features(images: Tensor, settings: ScatteringSettings, cache_dir: Path) -> Tensor:
-    """scattering_features(images), read from cache_dir when a file for these exact images and settings is there,
-    else computed and written (atomically, 0600: features of training data are as private as the data)."""
-    path = cache_dir / f"{cache_key(images, settings)}.pt"
-    expected = (len(images), *settings.output_shape(tuple(images.shape[1:])))
-    if path.exists():
-        try:
-            features = torch.load(path, map_location="cpu", weights_only=True)
-        except Exception as error:  # torn or foreign file: recompute and replace it
-            log.warning("scattering cache %s unreadable (%s): recomputing", path, error)
-        else:
-            if isinstance(features, Tensor) and tuple(features.shape) == expected:
-                log.info("scattering features of %d images read from %s", len(images), path)
-                return features
-            log.warning("scattering cache %s holds another shape: recomputing", path)
-    started = time.perf_counter()
-    features = scattering_features(images, settings)
-    cache_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
-    handle, temporary = tempfile.mkstemp(dir=cache_dir, suffix=".tmp")
-    try:
-        with os.fdopen(handle, "wb") as file:
-            torch.save(features, file)
-        os.replace(temporary, path)
-    except BaseException:
-        Path(temporary).unlink(missing_ok=True)
-        raise
-    log.info("scattering features of %d images computed in %.0f s, cached in %s", len(images),
-             time.perf_counter() - started, path)
-    return features
+    """scattering_features(images), from the cache when a file for these exact images and settings is there."""
+    stage = repr(("scattering", asdict(settings), version("kymatio")))
+    return cached(images, stage, partial(scattering_features, settings=settings),
+                  settings.output_shape(tuple(images.shape[1:])), cache_dir, "scattering features")

@@ -13,7 +13,8 @@ from torch import Tensor, nn
 
 from dpbench.data import DataBundle
 from dpbench.errors import ConfigurationError
-from dpbench.models.scattering import ScatteringSettings, cached_features, default_cache_dir
+from dpbench.models.feature_cache import default_cache_dir
+from dpbench.models.scattering import ScatteringSettings, cached_features
 
 
 @dataclass
@@ -54,7 +55,7 @@ def build_scatternet_linear(config: ScatterNetConfig, data: DataBundle) -> nn.Mo
     if config.max_order not in (1, 2):
         raise ConfigurationError(f"model.max_order must be 1 or 2, got {config.max_order}")
     settings = ScatteringSettings(config.scales, config.angles, config.max_order)
-    cache_dir = Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir()
+    cache_dir = Path(config.cache_dir).expanduser() if config.cache_dir else default_cache_dir("scattering")
     description = f"scattering (J={settings.scales}, L={settings.angles}, order {settings.max_order})"
     if data.input_transform != description:
         shape = settings.output_shape(data.input_shape)

@@ -147,10 +147,10 @@ def conv_sites(module: nn.Conv1d | nn.Conv2d, x: Tensor, g: Tensor, dense: bool)
     rules = {"patches": patch_conv_sites}
     if module.weight.requires_grad and (dense or module.out_channels // module.groups <= 2 * positions):
         rules["grouped"] = grouped_conv_sites
-    key = (type(module), module.in_channels, module.out_channels, module.kernel_size, module.stride,
+    key = (type(module).__name__, module.in_channels, module.out_channels, module.kernel_size, module.stride,
            module.padding, module.dilation, module.groups, module.padding_mode, module.bias is not None,
-           module.weight.requires_grad, tuple(x.shape[1:]), batch_bucket(x.shape[0]), x.dtype, x.device, dense,
-           torch.get_num_threads())
+           module.weight.requires_grad, tuple(x.shape[1:]), batch_bucket(x.shape[0]), str(x.dtype), x.device.type,
+           dense, torch.get_num_threads())
     candidates = {name: _site_work(rule, module, x, g, dense) for name, rule in rules.items()}
     return rules[fastest(key, candidates, x.device)](module, x, g, dense)
 
