@@ -1,10 +1,10 @@
 """model.cached_features: a private head on a frozen pretrained encoder, trained on the encoder's mean-pooled
 features, computed once per data split and cached on disk (dpbench.models.feature_cache).
 
-With the encoder fixed (model.freeze covering the base model, no LoRA) it runs as in evaluation, dropout off (see
-SequenceClassifier), so each sentence's pooled features are a function of that sentence alone: the head trained on
-them is the head inside the full network, with the same per-sample gradients, without a pass through the encoder
-at every step (MiniLM's 22.7M fixed parameters in front of a 770-parameter head).
+With the encoder fixed (model.freeze covering the whole base model, LoRA adapters included) it runs as in evaluation,
+dropout off (see SequenceClassifier), so each sentence's pooled features are a function of that sentence alone: the
+head trained on them is the head inside the full network, with the same per-sample gradients, without a pass through
+the encoder at every step (MiniLM's 22.7M fixed parameters in front of a 770-parameter head).
 """
 
 from __future__ import annotations
