@@ -14,10 +14,18 @@ import sys
 from collections.abc import Callable
 
 import torch
-import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from benchmarks.harness import arguments, compare, measure, print_checks, print_table, ratio, save
+from benchmarks.harness import (
+    arguments,
+    compare,
+    measure,
+    opacus_hooks_step,
+    print_checks,
+    print_table,
+    ratio,
+    save,
+)
 from dpbench.data import load_data
 from dpbench.models.cnn import LargeCNN
 from dpbench.models.lstm import LSTMClassifier, LSTMConfig
@@ -80,14 +88,7 @@ def _opacus_step(model: LSTMClassifier, next_batch: Callable, batch_size: int):
     wrapped = GradSampleModule(model)
     optimizer = DPOptimizer(torch.optim.Adam(model.parameters(), lr=LR), noise_multiplier=SIGMA, max_grad_norm=CLIP,
                             expected_batch_size=batch_size)
-
-    def step() -> None:
-        x, y = next_batch()
-        optimizer.zero_grad(set_to_none=True)
-        F.cross_entropy(wrapped(x), y).backward()
-        optimizer.step()
-
-    return step
+    return opacus_hooks_step(wrapped, optimizer, next_batch)
 
 
 def make_step(case: str, device: torch.device, batch_size: int, model_kind: str = "lstm") -> Callable[[], None]:

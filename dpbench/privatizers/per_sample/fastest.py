@@ -15,6 +15,7 @@ on the timing's noise.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import os
 import platform
@@ -46,7 +47,9 @@ def batch_bucket(batch: int) -> int:
     return 1 << max(batch - 1, 0).bit_length()
 
 
+@functools.cache
 def _machine(device: torch.device) -> str:
+    """Once per device: every convolution of every step asks."""
     if device.type == "cuda":
         return f"{torch.cuda.get_device_name(device)}, torch {torch.__version__}"
     return f"{platform.machine()} {platform.processor() or platform.node()}, {os.cpu_count()} cores, torch " \
