@@ -152,7 +152,7 @@ def counting_saved_bytes(model: nn.Module) -> Iterator[list[int]]:
         if pointer is None or (pointer not in seen and pointer not in parameters):
             seen.add(pointer)
             total[0] += size
-        return tensor
+        return tensor.detach()  # the live tensor would tie a cycle through its grad_fn that no collector frees
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
         yield total
