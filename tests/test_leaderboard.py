@@ -11,7 +11,7 @@ import pytest
 
 from dpbench.errors import ConfigurationError
 from dpbench.leaderboard import Scheduler, build, load_suite
-from dpbench.leaderboard.cells import Cell, read_outcome, run_cell
+from dpbench.leaderboard.cells import STOPPED_REASON, Cell, read_outcome, run_cell
 from dpbench.leaderboard.claims import fmt_value
 from dpbench.leaderboard.launch import LAUNCHERS
 from dpbench.leaderboard.plots import pareto
@@ -317,7 +317,9 @@ def test_a_stopped_suite_stops_its_running_cells_and_the_next_invocation_reruns_
         while any(_holders(log.resolve()) for log in logs) and time.monotonic() < deadline:
             time.sleep(0.2)
         assert not any(_holders(log.resolve()) for log in logs), "a cell went on training after the suite stopped"
-        assert all(read_outcome(log.parent).status not in ("done", "refused") for log in logs)  # to be run again
+        outcomes = [read_outcome(log.parent) for log in logs]
+        assert all(outcome.status not in ("done", "refused") for outcome in outcomes)  # to be run again
+        assert all(outcome.reason == STOPPED_REASON for outcome in outcomes if outcome.status == "failed")
         assert {log.parent for log in root.rglob("cell.log")} == {log.parent for log in logs}  # no cell started after
         invocation = json.loads((root / "suite_runs.json").read_text())[-1]
         assert invocation["stopped"] and invocation["wall_s"] > 2  # a suite spread over sessions counts every part

@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, make_launcher
+from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, RUNNING, make_launcher
 from dpbench.results import RESULTS_FILE, read_results, write_json_atomic
 
 CELL_FILE = "cell.json"
@@ -62,6 +62,10 @@ def status(directory: Path) -> str:
     return "pending"
 
 
+STOPPED_REASON = "stopped with the suite before it finished (it runs again on the next invocation)"
+"""A cell the suite's stop ended: its log's last line (a progress message) would read as the cause."""
+
+
 def _reason(output: str) -> str:
     """dpbench's one-line refusal (the CLI prints `dpbench: error: ...`), else the last line it printed."""
     for line in reversed(output.splitlines()):
@@ -98,8 +102,9 @@ def run_cell(cell: Cell, root: Path, env: dict[str, str] | None = None, launcher
     write_json_atomic(directory / CELL_FILE, record)
     if returncode == 0 and (directory / RESULTS_FILE).exists():
         return "done"
-    outcome = {"returncode": returncode, "reason": _reason((directory / LOG_FILE).read_text())}
-    if returncode == 2:
+    reason = STOPPED_REASON if RUNNING.stopped else _reason((directory / LOG_FILE).read_text())
+    outcome = {"returncode": returncode, "reason": reason}
+    if returncode == 2 and not RUNNING.stopped:
         write_json_atomic(directory / REFUSED_FILE, outcome)
         return "refused"
     write_json_atomic(directory / FAILED_FILE, outcome)
