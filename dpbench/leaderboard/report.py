@@ -361,7 +361,10 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         "the smallest r that reaches each budget and one larger r.",
         "- Costs (samples/s, peak memory above the process's start, seconds per training step, training wall time) "
         f"are at epsilon {suite.tune_epsilon:g} unless noted; raw per-cell figures: "
-        "[leaderboard/cells.csv](leaderboard/cells.csv).",
+        "[leaderboard/cells.csv](leaderboard/cells.csv). On CPU the peak is the resident high-water mark, which also "
+        "holds freed memory that the allocator keeps across steps of different (Poisson) batch sizes and that grows "
+        "over a run, so CPU memory columns rank processes rather than the methods' working sets (BENCHMARKS.md, "
+        "2026-11-27); on CUDA it is max_memory_reserved.",
         "",
     ]
     skipped = [f"- {task.title} (`{task.name}`): {task.skip_reason()}" for task in suite.tasks if task.skip_reason()]
