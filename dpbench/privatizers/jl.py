@@ -21,7 +21,8 @@ forward runs first on the fused kernel and records each nn.LSTM call, then in th
 recorded result as the primal and gets its tangents from a linearised recurrence shared by the r directions
 (dpbench.privatizers.per_sample.lstm_tangent), and an output sequence the loss never reads gets no tangent at all;
 other RNNs run their non-fused kernels in that pass.
-Random ops such as dropout replay the same stream in both passes.
+Random ops such as dropout replay the same stream in both passes, and max-pooling in the graph-free passes gathers at
+the graph pass's argmax instead of pooling again (dpbench.privatizers.per_sample.pool_tangent).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ import functools
 import math
 import time
 import warnings
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import torch
@@ -55,6 +56,7 @@ from dpbench.privatizers.per_sample.lstm_tangent import (
     mark_unread_outputs,
     record_call,
 )
+from dpbench.privatizers.per_sample.pool_tangent import gathering_pools, recording_pools
 from dpbench.privatizers.per_sample.verify import loss_deviation, tolerance
 from dpbench.profiling.memory import free_mb
 from dpbench.tasks import Batch, Task, batch_size_of
@@ -263,11 +265,12 @@ class JL(PrivatizerStrategy):
         return [min(size, count - start) for start in range(0, count, size)]
 
     def _jvp_chunks(
-        self, model: nn.Module, task: Task, batch: Batch, params: dict[str, Tensor], count: int, replay: Replay,
-        activation_bytes: int,
+        self, model: nn.Module, task: Task, batch: Batch, params: dict[str, Tensor], count: int,
+        replay: Callable[[], None], activation_bytes: int,
     ) -> Tensor:
         """(B, count) projections <grad loss_i, v_j>, without an autograd graph, directions batched by vmap; every
-        chunk replays the random stream of the pass whose graph the backward uses (same dropout masks)."""
+        chunk first calls `replay`, which restores what the pass whose graph the backward uses saw (its random
+        stream, so the same dropout masks, and its max-pooling argmax)."""
         def losses(values: dict[str, Tensor]) -> Tensor:
             return task.per_sample_loss(lambda x: functional_call(model, values, (x,)), batch)
 
@@ -278,7 +281,7 @@ class JL(PrivatizerStrategy):
         with torch.no_grad():
             for chunk in self._chunk_sizes(count, activation_bytes, next(iter(params.values())).device):
                 tangents = self._draw(params, chunk)
-                replay.restore()
+                replay()
                 if chunk == 1:  # a plain dual pass: forward AD's native rules, without functorch wrapping each op
                     parts.append(dual_losses(model, task, batch, params, tree_map(lambda t: t[0], tangents))[1][None])
                 else:
@@ -295,7 +298,7 @@ class JL(PrivatizerStrategy):
         detached = {name: p.detach() for name, p in trainable.items()}
         replay = Replay(model)
         first = None
-        with recording_lstms(model) as recorded, counting_saved_bytes(model) as saved:
+        with recording_lstms(model) as recorded, recording_pools(model) as pools, counting_saved_bytes(model) as saved:
             if self.recurrent:
                 losses = task.per_sample_loss(model, batch)
             else:
@@ -306,8 +309,12 @@ class JL(PrivatizerStrategy):
             mark_unread_outputs(recorded, losses)
         kernels = forward_ad_kernels(model, recorded if self.recurrent else None)
         count = self.config.projections - (first is not None)
-        with torch.random.fork_rng(devices=replay.devices), kernels:
-            projected = self._jvp_chunks(model, task, batch, detached, count, replay, saved[0])
+        with torch.random.fork_rng(devices=replay.devices), kernels, gathering_pools(model, pools) as gathering:
+            def restore() -> None:
+                replay.restore()
+                gathering.rewind()
+
+            projected = self._jvp_chunks(model, task, batch, detached, count, restore, saved[0])
         if first is None:
             return losses, projected
         return losses, torch.cat([first.detach().unsqueeze(1), projected], dim=1)
