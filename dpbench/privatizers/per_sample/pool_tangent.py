@@ -5,7 +5,9 @@ TF-Privacy CNN: 5.8 ms a call at batch 256, a third of a JL step). Its forward-m
 tangent at the argmax, and the argmax is the graph pass's: the same parameters, input and replayed random ops give
 the same primal. So the graph pass records each max-pooling call's indices, and the later passes gather both primal
 and tangent there: the primal values are the maxima themselves and the tangent is exactly what max-pooling's rule
-gives. A call whose input shape differs from its record (a module called more often, or differently) pools as usual.
+gives. At a tie it is also the argmax that the step's backward routes the gradient through, so every projection is
+of the gradient that gets clipped. A call whose input shape differs from its record (a module called more often, or
+differently) pools as usual.
 """
 
 from __future__ import annotations
