@@ -141,6 +141,12 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path):
     assert "at delta 1e-05 for every task but tiny ViT: 1e-06 (below 1/N^1.1" in markdown
     assert "does not count the tuning" in markdown and "/nonexistent/fashion-mnist does not exist" in markdown
     assert (docs / "leaderboard" / "headline.png").exists()
+    assert "not reached yet" not in markdown
+
+    shutil.move(root / "vit", tmp_path / "vit")  # a suite stopped before its second task
+    markdown = build(suite, root, docs, "pytest").read_text()
+    waiting = markdown.split("Tasks the suite has not reached yet")[1].split("\n\n")[1]
+    assert waiting == "- tiny ViT (`vit`)"
 
 
 def test_every_method_searches_the_same_grid_and_non_private_as_many_learning_rates(tmp_path):

@@ -371,6 +371,11 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
     skipped += [f"- `{name}`: not in the `{suite.profile}` profile" for name in suite.omitted]
     if skipped:
         lines += ["Tasks not run:", "", *skipped, ""]
+    waiting = [f"- {task.title} (`{task.name}`)" for task in suite.tasks
+               if not task.skip_reason() and not entries.get(task.name) and not tuning.get(task.name)]
+    if waiting:
+        lines += ["Tasks the suite has not reached yet (no cell has run; the same command continues the suite):", "",
+                  *waiting, ""]
     panels, claim_inputs, glance, cost_only = [], [], [], []
     lines += ["## Results per task", ""]
     for task in suite.tasks:
