@@ -5,7 +5,9 @@ Each case is set up in a new `spawn` process (so its peak memory is its own), ti
 shared machine hits all of them alike. Figures are medians over rounds. Each case also reports its minor page faults
 per timed step (host memory): glibc hands large freed blocks back to the kernel, so on CPU every step pays to fault
 its memory in again, which adds the same kind of cost to every case and narrows their ratios; `--keep-freed-memory`
-(glibc told to keep freed memory, for the measured processes) shows the ratios without it.
+(glibc told to keep freed memory, for the measured processes) shows the ratios without it. On CPU one more step,
+profiled, gives "step MB": the tensor memory a step holds at its peak, which the resident peak overstates by what the
+allocator keeps (dpbench.profiling.allocated).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import Any
 
 import torch
 
+from dpbench.profiling.allocated import StepAllocation
 from dpbench.profiling.memory import PeakMemory
 
 KEEP_FREED_MEMORY = {"MALLOC_TRIM_THRESHOLD_": "1000000000", "MALLOC_MMAP_THRESHOLD_": "1000000000"}
@@ -54,8 +57,13 @@ def _measure(module_name: str, case: str, params: dict[str, Any], steps: int, wa
             times.append(time.perf_counter() - started)
         memory.stop()
         faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(steps, 1)
+        allocated = None
+        if device.type == "cpu":  # one more step, profiled: what it allocates at its peak
+            with StepAllocation() as profiled:
+                step()
+            allocated = profiled.peak_mb
         queue.put({"step_time_s": statistics.median(times[warmup:]), "peak_memory_mb": memory.peak_mb,
-                   "page_faults_per_step": faults})
+                   "step_allocated_mb": allocated, "page_faults_per_step": faults})
     except Exception as error:  # reported as a failed case, not a crashed benchmark
         queue.put({"error": f"{type(error).__name__}: {error}"})
 
@@ -92,14 +100,20 @@ def compare(
             "step_time_s": step_time,
             "samples_per_s": batch_size / step_time,
             "peak_memory_mb": statistics.median(r["peak_memory_mb"] for r in ok),
+            "step_allocated_mb": _median_or_none([r["step_allocated_mb"] for r in ok]),
             "page_faults_per_step": statistics.median(r["page_faults_per_step"] for r in ok),
         }
     return summary
 
 
+def _median_or_none(values: list[float | None]) -> float | None:
+    present = [value for value in values if value is not None]
+    return statistics.median(present) if present else None
+
+
 def print_table(title: str, summary: dict[str, dict[str, float]], baseline: str) -> None:
     print(f"\n{title}")
-    print(f"{'case':>20} {'step ms':>9} {'samples/s':>10} {'peak MB':>9} {'faults/step':>12} "
+    print(f"{'case':>20} {'step ms':>9} {'samples/s':>10} {'peak MB':>9} {'step MB':>9} {'faults/step':>12} "
           f"{'speed vs ' + baseline:>22}")
     base = summary.get(baseline, {}).get("samples_per_s")
     for case, row in summary.items():
@@ -107,8 +121,9 @@ def print_table(title: str, summary: dict[str, dict[str, float]], baseline: str)
             print(f"{case:>20}  failed: {row['error']}")
             continue
         ratio = f"{row['samples_per_s'] / base:.2f}x" if base else "-"
+        allocated = "-" if row.get("step_allocated_mb") is None else f"{row['step_allocated_mb']:.1f}"
         print(f"{case:>20} {row['step_time_s'] * 1e3:9.1f} {row['samples_per_s']:10.0f} "
-              f"{row['peak_memory_mb']:9.1f} {row['page_faults_per_step']:12.0f} {ratio:>22}")
+              f"{row['peak_memory_mb']:9.1f} {allocated:>9} {row['page_faults_per_step']:12.0f} {ratio:>22}")
 
 
 def print_checks(checks: dict[str, float | None]) -> None:

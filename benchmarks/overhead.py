@@ -116,6 +116,8 @@ def checks(model_name: str, summary: dict) -> dict[str, float | None]:
             ratio(summary, "vanilla", "nonprivate", "step_time_s"),
         f"{model_name}: Opacus {spec['opacus']} / nonprivate": ratio(summary, "opacus", "nonprivate", "step_time_s"),
         f"{model_name}: vanilla / nonprivate peak memory": ratio(summary, "vanilla", "nonprivate", "peak_memory_mb"),
+        f"{model_name}: vanilla / nonprivate memory a step allocates": ratio(summary, "vanilla", "nonprivate",
+                                                                           "step_allocated_mb"),
     }
     if "jl_target" in spec:
         found[f"{model_name}: jl r=10 / vanilla (target <= {spec['jl_target']})"] = ratio(

@@ -3,7 +3,7 @@ three verdicts (holds, does not hold, not distinguishable at this budget)."""
 
 import pytest
 
-from dpbench.leaderboard.claims import check_claims, winners
+from dpbench.leaderboard.claims import check_claims, fmt_entry, winners
 from dpbench.leaderboard.compare import FAILS, HOLDS, UNCLEAR, better_verdict, close_verdict, paired
 from dpbench.leaderboard.summary import Entry, memory_key
 
@@ -130,3 +130,9 @@ def test_jl_without_timings_cannot_be_checked():
     untimed = entry("jl", 3, 0.89, label="JL (r=10)")
     untimed.step_s = []
     assert jl_sentence([untimed]).endswith("cannot be checked, no rung recorded its time per step.")
+
+
+def test_an_accuracy_interval_is_shown_within_0_and_100_percent():
+    near_zero = Entry("t", "jl", "jl", "JL", 3, metric="accuracy", by_seed={0: 0.0, 1: 0.1, 2: 0.26})
+    assert near_zero.interval[0] < 0  # the Student-t interval itself
+    assert fmt_entry(near_zero) == "12.0% [0.0, 44.6]"

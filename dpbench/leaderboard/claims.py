@@ -26,13 +26,14 @@ def fmt_value(value: float | None, metric: str | None) -> str:
 
 
 def fmt_entry(entry: Entry) -> str:
-    """'92.6% [91.9, 93.3]': the mean and its 95% interval over seeds."""
+    """'92.6% [91.9, 93.3]': the mean and its 95% interval over seeds (an accuracy's within 0-100%, where a
+    Student-t interval over few seeds can reach past them)."""
     text = fmt_value(entry.mean, entry.metric)
     if entry.interval is None:
         return text
     low, high = entry.interval
     if entry.metric == "accuracy":
-        return f"{text} [{100 * low:.1f}, {100 * high:.1f}]"
+        return f"{text} [{100 * max(low, 0.0):.1f}, {100 * min(high, 1.0):.1f}]"
     return f"{text} [{low:.3f}, {high:.3f}]"
 
 
