@@ -72,7 +72,7 @@ class ProfilerCallback(L.Callback):
         self.total_train_time = 0.0
         self.step_allocated_mb: float | None = None
         """CPU: the tensor memory that the first step after warm-up allocated at its peak (that step is profiled,
-        and left out of the throughput; None when no step would be left to time)."""
+        and left out of the throughput)."""
         self._steps_seen = 0
         self._step_started = 0.0
         self._allocation: StepAllocation | None = None
@@ -87,8 +87,7 @@ class ProfilerCallback(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):
         self._sync(pl_module)
-        if (self._steps_seen == self.warmup_steps and pl_module.device.type == "cpu"
-                and trainer.estimated_stepping_batches > self.warmup_steps + 1):  # a step is left to time
+        if self._steps_seen == self.warmup_steps and pl_module.device.type == "cpu":
             if self.memory is not None:
                 self.memory.pause()  # the profiler's own buffers are not the method's
             self._allocation = StepAllocation().__enter__()
