@@ -12,7 +12,7 @@ beats that by a point: two methods that both learned nothing are not "close". Ea
 from __future__ import annotations
 
 from dpbench.leaderboard.compare import FAILS, HOLDS, UNCLEAR, best_baseline, better_verdict, close_verdict, paired
-from dpbench.leaderboard.summary import MEMORY_LABELS, Entry, memory_key
+from dpbench.leaderboard.summary import Entry
 
 CLOSE_POINTS = 2.0
 LESS_MEMORY = 0.7
@@ -138,14 +138,12 @@ def _grape(task: str, entries: list[Entry], epsilon: float, chance: float | None
     if not learned(base, chance) and not learned(grape, chance):
         return _at_chance(f"GRAPE, epsilon {epsilon:g}", task, [grape, base], chance)
     comparison = paired(grape, base)
-    memory = memory_key([grape, base])
-    ratio = grape.cost(memory) / base.cost(memory)
+    ratio = grape.cost("peak_mb") / base.cost("peak_mb")
     close = close_verdict(comparison, _tolerance(base.metric)) if comparison else UNCLEAR
     verdict = FAILS if ratio > LESS_MEMORY or close == FAILS else close
     return (f"GRAPE (DP-Adam accuracy with far less memory), {task}, epsilon {epsilon:g}: {fmt_entry(grape)} vs "
             f"{base.label} {fmt_entry(base)} ({comparison.text() if comparison else 'no common seed'}) at "
-            f"{ratio:.2f}x its {MEMORY_LABELS[memory][1].removesuffix(' (MB)')} ({grape.cost(memory):.0f} vs "
-            f"{base.cost(memory):.0f} MB): "
+            f"{ratio:.2f}x its peak memory ({grape.cost('peak_mb'):.0f} vs {base.cost('peak_mb'):.0f} MB): "
             f"{_verdict(verdict)}.")
 
 

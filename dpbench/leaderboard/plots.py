@@ -17,7 +17,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from dpbench.leaderboard.summary import MEMORY_LABELS, Entry, memory_key  # noqa: E402
+from dpbench.leaderboard.summary import Entry  # noqa: E402
 from dpbench.report.style import style_of  # noqa: E402
 
 LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "fontsize": 7, "frameon": False}
@@ -127,8 +127,7 @@ def cost_plot(entries: list[Entry], epsilon: float, title: str, path: Path) -> P
     """At one budget: metric vs peak memory and vs time per step, one legend for both panels, outside them."""
     chosen = [e for e in entries if e.epsilon in (epsilon, None)]
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
-    memory = memory_key(chosen)
-    drawn = _draw_cost(left, chosen, memory, MEMORY_LABELS[memory][1])
+    drawn = _draw_cost(left, chosen, "peak_mb", "peak memory (MB)")
     drawn = _draw_cost(right, chosen, "step_s", "wall time per training step (s)") and drawn
     if not drawn:
         return _discard(figure)

@@ -19,7 +19,7 @@ from dpbench.leaderboard.plots import cost_plot, epsilon_plot, headline_plot
 from dpbench.leaderboard.private_selection import Selection, read_selection
 from dpbench.leaderboard.scale import scale_section
 from dpbench.leaderboard.suite import Suite, Task
-from dpbench.leaderboard.summary import MEMORY_LABELS, Entry, Tuning, memory_key, seconds_per_step, summarize
+from dpbench.leaderboard.summary import Entry, Tuning, seconds_per_step, summarize
 
 RUNS_FILE = "suite_runs.json"
 CSV_COLUMNS = ("task", "method", "variant", "label", "phase", "status", "reason", "target_epsilon", "epsilon_spent",
@@ -168,9 +168,8 @@ def _cost_reference(group: list[Entry], suite: Suite) -> tuple[Entry, str]:
 
 def _task_table(task: Task, entries: list[Entry], suite: Suite, selections: Selections) -> list[str]:
     columns = [f"epsilon {b:g}" for b in suite.budgets]
-    memory = memory_key(entries)
-    lines = ["| method | " + " | ".join(columns) + f" | non-private | samples/s | {MEMORY_LABELS[memory][0]} | s/step "
-             "| wall s |", "|---" * (len(columns) + 6) + "|"]
+    lines = ["| method | " + " | ".join(columns) + " | non-private | samples/s | peak MB | s/step | wall s |",
+             "|---" * (len(columns) + 6) + "|"]
     notes: list[str] = []
     for group in _variants(task, entries).values():
         by_eps = {e.epsilon: e for e in group}
@@ -180,7 +179,7 @@ def _task_table(task: Task, entries: list[Entry], suite: Suite, selections: Sele
         nonprivate = _cell_text(task, by_eps.get(None), notes, selections, suite) if None in by_eps else ""
         lines.append(
             f"| {group[0].label} | " + " | ".join(cells) + f" | {nonprivate} | "
-            f"{_number(reference.cost('samples_per_s'), '.0f')} | {_number(reference.cost(memory), '.0f')} | "
+            f"{_number(reference.cost('samples_per_s'), '.0f')} | {_number(reference.cost('peak_mb'), '.0f')} | "
             f"{_number(reference.cost('step_s'), '.3f')} | {_number(reference.cost('wall_s'), '.1f')}{cost_note} |"
         )
     lines.append("")
@@ -191,14 +190,12 @@ def _task_table(task: Task, entries: list[Entry], suite: Suite, selections: Sele
 
 def _cost_table(task: Task, entries: list[Entry], suite: Suite) -> list[str]:
     """A cost-only task: each method's speed and memory, its metric not ranked."""
-    memory = memory_key(entries)
-    lines = [f"| method | samples/s | {MEMORY_LABELS[memory][0]} | s/step | wall s | epsilon of the costs |",
-             "|---" * 6 + "|"]
+    lines = ["| method | samples/s | peak MB | s/step | wall s | epsilon of the costs |", "|---" * 6 + "|"]
     for group in _variants(task, entries).values():
         reference, _ = _cost_reference(group, suite)
         budget = "non-private" if reference.epsilon is None else f"{reference.epsilon:g}"
         lines.append(f"| {group[0].label} | {_number(reference.cost('samples_per_s'), '.0f')} | "
-                     f"{_number(reference.cost(memory), '.0f')} | {_number(reference.cost('step_s'), '.3f')} | "
+                     f"{_number(reference.cost('peak_mb'), '.0f')} | {_number(reference.cost('step_s'), '.3f')} | "
                      f"{_number(reference.cost('wall_s'), '.1f')} | {budget} |")
     return [*lines, ""]
 
@@ -269,7 +266,7 @@ def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]]) -> list[str]:
                 comparison = paired(best, base)
                 margin = comparison.text() if comparison else "no common seed"
                 verdict = better_verdict(comparison) if comparison else UNCLEAR
-            ratios = [_ratio(best.cost(c), base.cost(c)) for c in (memory_key([best, base]), "step_s")]
+            ratios = [_ratio(best.cost(c), base.cost(c)) for c in ("peak_mb", "step_s")]
             rows.append(f"| {task.title} | {epsilon:g} | {best.label} {fmt_entry(best)} | {base.label} | {margin} | "
                         f"{verdict} | {ratios[0]} memory, {ratios[1]} time |")
     if not rows:
@@ -278,8 +275,8 @@ def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]]) -> list[str]:
             "Per task and budget: the best private method (mean [95% interval] over seeds), its margin over the best "
             "vanilla baseline (DP-SGD or DP-Adam, whichever has the better mean) paired seed by seed with its 95% "
             "interval, whether it is better (holds / does not hold / not distinguishable at this budget), and its "
-            "memory (what a step allocates on CPU where every cell records it, else the peak) and time per step as "
-            "multiples of the baseline's. Scale: each task's title; device: the machine below.", "",
+            "peak memory and time per step as multiples of the baseline's. Scale: each task's title; device: the "
+            "machine below.", "",
             "| task | epsilon | best method | baseline | margin over the baseline | better? | cost vs baseline |",
             "|---|---|---|---|---|---|---|", *rows, ""]
 
@@ -364,13 +361,13 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
          "privacy that no figure here includes (`--private-tuning` tunes privately and counts it)."),
         "- A method that cannot reach a budget is shown as `cannot reach epsilon X: <dpbench's reason>`; JL runs "
         "the smallest r that reaches each budget and one larger r.",
-        "- Costs (samples/s, memory, seconds per training step, training wall time) "
+        "- Costs (samples/s, peak memory above the process's start, seconds per training step, training wall time) "
         f"are at epsilon {suite.tune_epsilon:g} unless noted; raw per-cell figures: "
-        "[leaderboard/cells.csv](leaderboard/cells.csv). Memory: on CPU, \"MB a step\" is the tensor memory one "
-        "step after warm-up holds at its peak (the profiler's allocation events), used wherever every cell compared "
-        "records it; otherwise \"peak MB\", the peak above the process's start: on CPU the resident high-water mark, "
-        "which also holds freed memory that the allocator keeps across steps of different (Poisson) batch sizes and "
-        "grows over a run (BENCHMARKS.md, 2026-11-27); on CUDA max_memory_reserved.",
+        "[leaderboard/cells.csv](leaderboard/cells.csv). On CPU the peak is the resident high-water mark, which also "
+        "holds freed memory that the allocator keeps across steps of different (Poisson) batch sizes and that grows "
+        "over a run, so CPU memory columns rank processes rather than the methods' working sets (BENCHMARKS.md, "
+        "2026-11-27); on CUDA it is max_memory_reserved. cells.csv's step_allocated_mb (CPU) is the tensor memory "
+        "one step holds at its peak, the figure that compares the methods themselves.",
         "",
     ]
     skipped = [f"- {task.title} (`{task.name}`): {task.skip_reason()}" for task in suite.tasks if task.skip_reason()]

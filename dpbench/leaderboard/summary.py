@@ -40,8 +40,6 @@ class Entry:
     spent: list[float] = field(default_factory=list)
     samples_per_s: list[float] = field(default_factory=list)
     peak_mb: list[float] = field(default_factory=list)
-    step_mb: list[float] = field(default_factory=list)
-    """CPU: the tensor memory a step allocates at its peak (results' step_allocated_mb), one per seed that has it."""
     wall_s: list[float] = field(default_factory=list)
     step_s: list[float] = field(default_factory=list)
     lr: float | None = None
@@ -74,20 +72,6 @@ class Entry:
         return mean(values) if values else None
 
 
-MEMORY_LABELS = {"step_mb": ("MB a step", "memory a step allocates (MB)"), "peak_mb": ("peak MB", "peak memory (MB)")}
-"""Short (table) and long (axis) names of the two memory figures."""
-
-
-def memory_key(entries: list[Entry]) -> str:
-    """The memory figure the entries are compared by: what a step allocates (CPU) where every entry with a memory
-    figure has it for each of its seeds, else the peak (the resident high-water mark on CPU, which also holds what
-    the allocator kept; CUDA's reserved memory)."""
-    measured = [entry for entry in entries if entry.peak_mb]
-    if measured and all(len(entry.step_mb) == len(entry.peak_mb) for entry in measured):
-        return "step_mb"
-    return "peak_mb"
-
-
 @dataclass
 class Tuning:
     """The tuning trials of one variant at one budget: (lr, clip, validation value, the outcome) per trial."""
@@ -115,7 +99,7 @@ def _add(entry: Entry, outcome: Outcome) -> None:
     if value is not None:
         entry.by_seed[int(outcome.cell["seed"])] = value
     for target, key in (("spent", "epsilon"), ("samples_per_s", "samples_per_s"), ("peak_mb", "peak_memory_mb"),
-                        ("step_mb", "step_allocated_mb"), ("wall_s", "train_time_s")):
+                        ("wall_s", "train_time_s")):
         number = _finite(results.get(key))
         if number is not None:
             getattr(entry, target).append(number)
