@@ -366,8 +366,7 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         "[leaderboard/cells.csv](leaderboard/cells.csv). On CPU the peak is the resident high-water mark, which also "
         "holds freed memory that the allocator keeps across steps of different (Poisson) batch sizes and that grows "
         "over a run, so CPU memory columns rank processes rather than the methods' working sets (BENCHMARKS.md, "
-        "2026-11-27); on CUDA it is max_memory_reserved. cells.csv's step_allocated_mb (CPU) is the tensor memory "
-        "one step holds at its peak, the figure that compares the methods themselves.",
+        "2026-11-27); on CUDA it is max_memory_reserved.",
         "",
     ]
     skipped = [f"- {task.title} (`{task.name}`): {task.skip_reason()}" for task in suite.tasks if task.skip_reason()]
