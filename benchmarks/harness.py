@@ -7,7 +7,7 @@ per timed step (host memory): glibc hands large freed blocks back to the kernel,
 its memory in again, which adds the same kind of cost to every case and narrows their ratios; `--keep-freed-memory`
 (glibc told to keep freed memory, for the measured processes) shows the ratios without it. On CPU one more step,
 profiled, gives "step MB": the tensor memory a step holds at its peak, which the resident peak overstates by what the
-allocator keeps (dpbench.profiling.allocated).
+allocator keeps (benchmarks/step_allocation.py).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from dpbench.profiling.allocated import StepAllocation
+from benchmarks.step_allocation import StepAllocation
 from dpbench.profiling.memory import PeakMemory
 
 KEEP_FREED_MEMORY = {"MALLOC_TRIM_THRESHOLD_": "1000000000", "MALLOC_MMAP_THRESHOLD_": "1000000000"}

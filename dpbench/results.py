@@ -67,7 +67,6 @@ def summary_text(results: dict[str, Any]) -> str:
         ("steps / epochs", f"{results['steps']} / {results['epochs']}"),
         ("samples/s", _fmt(results["samples_per_s"], ".1f")),
         ("peak memory", f"{_fmt(results['peak_memory_mb'], '.1f')} MB ({results.get('memory_method', '')})"),
-        ("step allocates", f"{_fmt(results.get('step_allocated_mb'), '.1f')} MB at its peak (CPU, one step)"),
         ("train time", f"{_fmt(results.get('train_time_s'), '.1f')} s"),
         ("results", results.get("run_dir", "")),
     ]

@@ -313,7 +313,6 @@ def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> d
         "peak_memory_mb": memory.peak_mb if memory else None,
         "max_memory_reserved_mb": memory.max_memory_reserved_mb if memory else None,
         "memory_method": memory.method if memory else None,
-        "step_allocated_mb": profiler.step_allocated_mb,
         "train_time_s": wall,
         "device": _device_name(trainer.strategy.root_device),  # the module is back on the CPU once fit returns
         "seed": typed.seed,

@@ -17,7 +17,7 @@ from omegaconf import DictConfig
 from dpbench.redaction import public_config
 
 SUMMARY_KEYS = ("epsilon", "delta", "noise_multiplier", "sampling_rate", "steps", "batch_size", "peak_memory_mb",
-                "step_allocated_mb", "samples_per_s", "step_time_s", "train_time_s")
+                "samples_per_s", "step_time_s", "train_time_s")
 """results.json's keys copied into the W&B summary (beside final/test_<metric>): the axes of a method comparison."""
 RESULTS_TABLE = "results"
 

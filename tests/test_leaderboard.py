@@ -143,10 +143,12 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path):
     assert (docs / "leaderboard" / "headline.png").exists()
     assert "not reached yet" not in markdown
 
+    assert list((docs / "leaderboard").glob("vit_*.png"))
     shutil.move(root / "vit", tmp_path / "vit")  # a suite stopped before its second task
     markdown = build(suite, root, docs, "pytest").read_text()
     waiting = markdown.split("Tasks the suite has not reached yet")[1].split("\n\n")[1]
     assert waiting == "- tiny ViT (`vit`)"
+    assert not list((docs / "leaderboard").glob("vit_*.png"))  # no figure left from the earlier report
 
 
 def test_every_method_searches_the_same_grid_and_non_private_as_many_learning_rates(tmp_path):

@@ -24,8 +24,7 @@ from dpbench.leaderboard.summary import Entry, Tuning, seconds_per_step, summari
 RUNS_FILE = "suite_runs.json"
 CSV_COLUMNS = ("task", "method", "variant", "label", "phase", "status", "reason", "target_epsilon", "epsilon_spent",
                "delta", "seed", "trial", "lr", "clip_norm", "metric", "test_value", "validation_value",
-               "samples_per_s", "peak_memory_mb", "step_allocated_mb", "train_time_s", "steps", "s_per_step",
-               "noise_multiplier",
+               "samples_per_s", "peak_memory_mb", "train_time_s", "steps", "s_per_step", "noise_multiplier",
                "process_wall_s", "cell")
 
 
@@ -68,8 +67,7 @@ def csv_rows(outcomes: list[Outcome], root: Path) -> list[dict]:
             "seed": cell["seed"], "trial": cell["trial"], "lr": cell["lr"], "clip_norm": cell["clip_norm"],
             "metric": outcome.metric, "test_value": outcome.value("test"),
             "validation_value": outcome.value("validation"), "samples_per_s": results.get("samples_per_s"),
-            "peak_memory_mb": results.get("peak_memory_mb"), "step_allocated_mb": results.get("step_allocated_mb"),
-            "train_time_s": results.get("train_time_s"),
+            "peak_memory_mb": results.get("peak_memory_mb"), "train_time_s": results.get("train_time_s"),
             "steps": results.get("steps"), "s_per_step": seconds_per_step(results) if results else None,
             "noise_multiplier": results.get("noise_multiplier"), "process_wall_s": cell.get("process_wall_s"),
             "cell": str(outcome.path.relative_to(root)),
@@ -310,6 +308,8 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
     stale = len(found) - len(outcomes)
     figures = docs / "leaderboard"
     figures.mkdir(parents=True, exist_ok=True)
+    for drawn in [*figures.glob("*_epsilon.png"), *figures.glob("*_cost.png")]:  # every task's are redrawn below
+        drawn.unlink()
     rows = csv_rows(outcomes, root)
     with (figures / "cells.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)

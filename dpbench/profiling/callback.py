@@ -15,7 +15,6 @@ from typing import Any
 import lightning as L
 import torch
 
-from dpbench.profiling.allocated import StepAllocation
 from dpbench.profiling.memory import PeakMemory
 
 
@@ -70,12 +69,8 @@ class ProfilerCallback(L.Callback):
         self.measured_samples = 0
         self.measured_steps = 0
         self.total_train_time = 0.0
-        self.step_allocated_mb: float | None = None
-        """CPU: the tensor memory that the first step after warm-up allocated at its peak (that step is profiled,
-        and left out of the throughput)."""
         self._steps_seen = 0
         self._step_started = 0.0
-        self._allocation: StepAllocation | None = None
 
     def _sync(self, pl_module: L.LightningModule) -> None:
         if pl_module.device.type == "cuda":
@@ -87,10 +82,6 @@ class ProfilerCallback(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):
         self._sync(pl_module)
-        if self._steps_seen == self.warmup_steps and pl_module.device.type == "cpu":
-            if self.memory is not None:
-                self.memory.pause()  # the profiler's own buffers are not the method's
-            self._allocation = StepAllocation().__enter__()
         self._step_started = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
@@ -98,12 +89,7 @@ class ProfilerCallback(L.Callback):
         elapsed = time.perf_counter() - self._step_started
         self.total_train_time += elapsed
         self._steps_seen += 1
-        if self._allocation is not None:
-            self._allocation.__exit__(None, None, None)
-            self.step_allocated_mb, self._allocation = self._allocation.peak_mb, None
-            if self.memory is not None:
-                self.memory.resume()
-        elif self._steps_seen > self.warmup_steps:
+        if self._steps_seen > self.warmup_steps:
             self.measured_time += elapsed
             self.measured_samples += int(batch[1].shape[0])
             self.measured_steps += 1
@@ -125,8 +111,6 @@ class ProfilerCallback(L.Callback):
             summary["profile/step_time_s"] = self.measured_time / self.measured_steps
         if self.memory is not None and self.memory.peak_mb is not None:
             summary["profile/peak_memory_mb"] = self.memory.peak_mb
-        if self.step_allocated_mb is not None:
-            summary["profile/step_allocated_mb"] = self.step_allocated_mb
         return summary
 
 

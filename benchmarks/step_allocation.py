@@ -1,9 +1,11 @@
-"""The peak of tensor memory that one training step allocates on CPU, from the profiler's allocation events.
+"""The peak of tensor memory that one benchmark step allocates on CPU, from the profiler's allocation events.
 
 The resident high-water mark also holds freed memory that the allocator keeps between steps of different batch
 sizes; it grew from 513 to 987 MB over 160 DP-SGD steps on the CNN while the live tensors stayed at 14 MB
 (BENCHMARKS.md, 2026-11-27). The profiler sees every allocation and free instead: its running total over one step,
-above where the step started, is what the step needs, as CUDA's max_memory_allocated would say.
+above where the step started, is what the step needs, as CUDA's max_memory_allocated would say. Only the benchmark
+harness uses it: in dpbench's own runs, profiling a step printed kineto's lines and once ended a run stopped by SIGINT
+with a segmentation fault (2026-11-27).
 """
 
 from __future__ import annotations
