@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from benchmarks.step_allocation import StepAllocation
+from benchmarks.step_allocation import step_allocated_mb
 from dpbench.profiling.memory import PeakMemory
 
 KEEP_FREED_MEMORY = {"MALLOC_TRIM_THRESHOLD_": "1000000000", "MALLOC_MMAP_THRESHOLD_": "1000000000"}
@@ -57,11 +57,7 @@ def _measure(module_name: str, case: str, params: dict[str, Any], steps: int, wa
             times.append(time.perf_counter() - started)
         memory.stop()
         faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(steps, 1)
-        allocated = None
-        if device.type == "cpu":  # one more step, profiled: what it allocates at its peak
-            with StepAllocation() as profiled:
-                step()
-            allocated = profiled.peak_mb
+        allocated = step_allocated_mb(step) if device.type == "cpu" else None  # one more step, profiled
         queue.put({"step_time_s": statistics.median(times[warmup:]), "peak_memory_mb": memory.peak_mb,
                    "step_allocated_mb": allocated, "page_faults_per_step": faults})
     except Exception as error:  # reported as a failed case, not a crashed benchmark

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 from torch.profiler import ProfilerActivity, profile
@@ -21,23 +22,11 @@ TOTAL = "Total Allocated"
 BYTES = "Bytes"
 
 
-class StepAllocation:
-    """Profile the enclosed step's CPU allocations; `peak_mb` is the highest total above the step's start."""
-
-    def __init__(self) -> None:
-        self.peak_mb: float | None = None
-        self._profile: profile | None = None
-
-    def __enter__(self) -> StepAllocation:
-        self._profile = profile(activities=[ProfilerActivity.CPU], profile_memory=True)
-        self._profile.__enter__()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        assert self._profile is not None
-        self._profile.__exit__(*exc)
-        if exc[0] is None:
-            self.peak_mb = peak_above_start_mb(self._profile)
+def step_allocated_mb(step: Callable[[], None]) -> float:
+    """Run `step` under the profiler: the highest total of CPU tensor memory it allocated above its start, in MB."""
+    with profile(activities=[ProfilerActivity.CPU], profile_memory=True) as finished:
+        step()
+    return peak_above_start_mb(finished)
 
 
 def peak_above_start_mb(finished: profile) -> float:

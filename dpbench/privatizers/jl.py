@@ -309,7 +309,7 @@ class JL(PrivatizerStrategy):
             mark_unread_outputs(recorded, losses)
         kernels = forward_ad_kernels(model, recorded if self.recurrent else None)
         count = self.config.projections - (first is not None)
-        with torch.random.fork_rng(devices=replay.devices), kernels, gathering_pools(model, pools) as gathering:
+        with torch.random.fork_rng(devices=replay.devices), kernels, gathering_pools(pools) as gathering:
             def restore() -> None:
                 replay.restore()
                 gathering.rewind()

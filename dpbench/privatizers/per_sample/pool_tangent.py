@@ -65,8 +65,8 @@ def recording_pools(model: nn.Module) -> Iterator[Records]:
 class GatheringPools:
     """Max-pooling by the recorded argmax, each pass (a call of the model) reading the records from the first."""
 
-    def __init__(self, model: nn.Module, records: Records):
-        self.records = {module: calls for module, calls in records.items() if calls and module in _pools(model)}
+    def __init__(self, records: Records):
+        self.records = {module: calls for module, calls in records.items() if calls}
         self.cursors: dict[nn.Module, Iterator[tuple[tuple[int, ...], Tensor]]] = {}
         self.rewind()
 
@@ -78,9 +78,9 @@ class GatheringPools:
 
 
 @contextlib.contextmanager
-def gathering_pools(model: nn.Module, records: Records) -> Iterator[GatheringPools]:
+def gathering_pools(records: Records) -> Iterator[GatheringPools]:
     """While the block runs, max-pooling modules with records gather at them; call `rewind()` before each pass."""
-    pools = GatheringPools(model, records)
+    pools = GatheringPools(records)
     for module in pools.records:
         module.forward = functools.partial(pools.forward, module)
     try:
