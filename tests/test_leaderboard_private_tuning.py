@@ -19,6 +19,7 @@ methods:
   nonprivate: {label: non-private, overrides: [privatizer=nonprivate], optimizer: task, private: false}
   dpsgd: {label: DP-SGD, overrides: [privatizer=vanilla], optimizer: sgd}
   jl: {label: JL, overrides: [privatizer=jl, privatizer.projections=10], optimizer: task}
+  d2p2: {label: D2P2, overrides: [privatizer=d2p2], optimizer: sgd}
 tasks:
   cnn:
     title: tiny CNN
@@ -42,6 +43,13 @@ profiles:
     seeds: [0]
     tasks:
       cnn: {methods: [nonprivate, dpsgd, jl]}
+  projected:
+    budgets: [3]
+    tune_epsilon: 3
+    tuning: {lr_points: 2, clip_points: 2, max_growth: 1, each_budget: false}
+    seeds: [0]
+    tasks:
+      cnn: {methods: [d2p2]}
 """
 
 
@@ -75,10 +83,19 @@ def test_plan_prints_each_private_method_per_run_and_with_tuning_and_runs_no_cel
         assert max(tuning, rdp_per_run) < with_tuning < tuning + rdp_per_run
         assert score_std == pytest.approx(DEFAULT_SCORE_NOISE / 400)
     assert figures["1"][3] == figures["3"][3]  # the same tuning (at epsilon 3) before each budget's final run
+    # JL at r = 10: its chi-square scale near 0 leaves no finite Renyi bound; D2P2's projection is accounted, its
+    # scale tail charged to delta
     jl = [line for line in out.splitlines() if line.startswith("cnn / JL")]
-    assert len(jl) == 2 and all(line.startswith(f"cnn / JL at epsilon {budget}: private tuning not accounted: its "
-                                                "steps are subsampled_gaussian_mixture")
+    assert len(jl) == 2 and all(line.startswith(f"cnn / JL at epsilon {budget}: epsilon {budget}.00 per run; private "
+                                                "tuning not accounted: its Renyi DP bound gives no finite epsilon")
                                 for line, budget in zip(jl, ("1", "3"), strict=True))
+    assert main(["--private-tuning", "--plan", "--suite", str(suite_file), "--profile", "projected"]) == 0
+    [d2p2] = [line for line in capsys.readouterr().out.splitlines() if line.startswith("cnn / D2P2")]
+    match = re.search(r"epsilon ([\d.]+) per run, ([\d.]+) with tuning .* each random-sensitivity step's scale "
+                      r"tail of mass ([\d.e-]+) left out of its RDP and charged to delta\)", d2p2)
+    assert match, d2p2
+    per_run, with_tuning, tail = (float(value) for value in match.groups())
+    assert per_run == pytest.approx(3, abs=0.015) and per_run < with_tuning and 0 < tail < 1e-5
 
 
 def test_the_trial_is_the_tuning_cells_run_and_the_final_run_the_test_cells(suite_file):

@@ -5,12 +5,14 @@ import math
 import numpy as np
 import pytest
 import torch
-from scipy import special
+from scipy import integrate, special, stats
 
 from dpbench.errors import ConfigurationError
 from dpbench.privacy.mechanisms import SubsampledGaussian
 from dpbench.privacy.mixture import SubsampledGaussianMixture
 from dpbench.privacy.randomness import PrivacyRandomness
+from dpbench.privacy.selection import SubsampledSelectionGaussian
+from dpbench.privacy.tuning import ORDERS as TUNING_ORDERS
 from dpbench.privacy.tuning import TrialCount, subsampled_gaussian_run, tuning_epsilon
 from dpbench.privacy.tuning_draws import draw_trial_count, noisy_score
 
@@ -19,7 +21,7 @@ TRIAL = (500 / 4500, 2.4, 180)  # (q, sigma, T) of one trial: the CNN task's bat
 FINAL = (0.1, 2.4, 200)  # the final run over all 5,000
 SCORE_SIGMA = 10.0
 MEAN, ETA = 10.0, 0.5
-ORDERS = np.arange(2, 257)
+ORDERS = np.array(TUNING_ORDERS)  # Theorem 2 by hand at the accountant's orders
 
 
 def sampled_gaussian_rdp(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
@@ -70,6 +72,59 @@ def test_composition_matches_theorem_2_computed_by_hand():
     assert ours.per_run < ours.with_tuning < composed
 
 
+@pytest.mark.parametrize("mechanism", [
+    SubsampledGaussianMixture(0.1, 3.0, 10, 1.0),  # JL: the chi-square's lower tail is the dangerous one
+    SubsampledGaussianMixture(0.1, 1.5, 50, -1.0),  # D2P2: its upper tail
+], ids=["jl", "d2p2"])
+def test_truncated_mixture_rdp_bounds_the_conditioned_law_integrated_directly(mechanism):
+    """The step's Renyi moment, integrated over the chi-square law with its dangerous tail of mass 1e-6 left out
+    (scipy's quadrature, in the tail probability's logarithm), never exceeds dpbench's binned bound, which stays
+    close to it."""
+    tail, orders = 1e-6, np.array([2, 3, 4, 8])
+    law, q = stats.chi2(mechanism.df), mechanism.sampling_rate
+
+    def moment(log_u: float, order: int) -> float:
+        u = math.exp(log_u)
+        chi2 = law.ppf(u) if mechanism.exponent > 0 else law.isf(u)
+        sigma = mechanism.noise_multiplier * (chi2 / mechanism.df) ** (mechanism.exponent / 2)
+        return math.exp((order - 1) * sampled_gaussian_rdp(q, sigma, [order])[0]) * u
+
+    exact = np.array([math.log(integrate.quad(moment, math.log(tail), 0.0, args=(order,), limit=500)[0]
+                               / (1 - tail)) / (order - 1) for order in orders])
+    ours = mechanism.truncated_rdp(orders, tail)
+    assert np.all(ours >= exact * (1 - 1e-6)) and np.all(ours <= 1.15 * exact)
+    # a lighter cut costs more at the orders the tail dominates
+    assert mechanism.truncated_rdp(orders, 1e-9)[-1] > ours[-1]
+
+
+@pytest.mark.parametrize("projected", [
+    SubsampledGaussianMixture(*TRIAL[:2], 9958, -1.0),  # DP2 / D2P2's projection at p = 0.3 d
+    SubsampledGaussianMixture(TRIAL[0], 2.6, 30, 1.0),  # JL at r = 30
+], ids=["d2p2", "jl_r30"])
+def test_random_sensitivity_runs_pay_their_left_out_tail_in_delta(projected):
+    """JL's and D2P2's runs: the selection's epsilon from the truncated curves by Theorem 2 by hand, at the delta that
+    is left once the tail's total variation (1 + e^epsilon) beta is paid; it is the smallest such epsilon."""
+    final_step = SubsampledGaussianMixture(FINAL[0], projected.noise_multiplier, projected.df, projected.exponent)
+    trial, final = [(projected, TRIAL[2])], [(final_step, FINAL[2])]
+    ours = tuning_epsilon(trial, final, TrialCount(MEAN, 1), DELTA, SCORE_SIGMA)
+    assert 0 < ours.tail_mass < DELTA
+    orders = ORDERS
+    trial_rdp = TRIAL[2] * projected.truncated_rdp(orders, ours.tail_mass) + orders / (2 * SCORE_SIGMA**2)
+    final_rdp = FINAL[2] * final_step.truncated_rdp(orders, ours.tail_mass)
+    total = theorem2(trial_rdp, orders, MEAN, 1.0, 1 / MEAN) + final_rdp
+    beta = (MEAN * TRIAL[2] + FINAL[2]) * ours.tail_mass  # expected random-sensitivity steps, union bound
+    epsilon = ours.with_tuning
+    left = DELTA - (1 + math.exp(epsilon)) * beta
+    assert 0 < left < DELTA
+    assert improved_epsilon(total, orders, left) <= epsilon * (1 + 1e-9)  # (epsilon, DELTA)-DP holds
+    assert improved_epsilon(total, orders, left) >= epsilon / (1 + 1e-5)  # and it is the fixed point, not a loose one
+    plain = tuning_epsilon(subsampled_gaussian_run(TRIAL[0], projected.noise_multiplier, TRIAL[2]),
+                           subsampled_gaussian_run(FINAL[0], projected.noise_multiplier, FINAL[2]),
+                           TrialCount(MEAN, 1), DELTA, SCORE_SIGMA)
+    assert ours.per_run < ours.with_tuning < ours.tuning + ours.per_run
+    assert plain.with_tuning < ours.with_tuning < plain.with_tuning + 1.0  # a random sensitivity costs some more
+
+
 def test_more_trials_and_a_heavier_law_cost_more():
     trial, final = subsampled_gaussian_run(*TRIAL), subsampled_gaussian_run(*FINAL)
     few = tuning_epsilon(trial, final, TrialCount(3, 1), DELTA, SCORE_SIGMA).with_tuning
@@ -92,8 +147,11 @@ def test_exact_scores_and_unaccountable_runs_are_refused():
     final = subsampled_gaussian_run(*FINAL)
     with pytest.raises(ConfigurationError, match="exact score is not private"):
         tuning_epsilon(subsampled_gaussian_run(*TRIAL), final, TrialCount(10, 1), DELTA, 0.0)
-    jl = [(SubsampledGaussianMixture(0.1, 2.0, 10, 1.0), 100)]
-    with pytest.raises(ConfigurationError, match="subsampled_gaussian_mixture"):
+    sparse = [(SubsampledSelectionGaussian(0.1, 2.0, 0.1, 5), 100)]
+    with pytest.raises(ConfigurationError, match="subsampled_selection_gaussian, which has no Renyi DP bound"):
+        tuning_epsilon(sparse, final, TrialCount(10, 1), DELTA, SCORE_SIGMA)
+    jl = [(SubsampledGaussianMixture(*TRIAL[:2], 10, 1.0), TRIAL[2])]  # r = 10 at the CNN's noise: chi2_10 near 0
+    with pytest.raises(ConfigurationError, match="no finite epsilon at delta 1e-05"):
         tuning_epsilon(jl, final, TrialCount(10, 1), DELTA, SCORE_SIGMA)
     with pytest.raises(ConfigurationError, match="no private step"):
         tuning_epsilon([(SubsampledGaussian(0.0, 1.0), 10)], final, TrialCount(10, 1), DELTA, SCORE_SIGMA)

@@ -19,7 +19,7 @@ from dpbench.errors import ConfigurationError
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
 from dpbench.leaderboard.trial_cells import TUNING_SEED, cell_for, start_grid
 from dpbench.privacy.mechanisms import Composition
-from dpbench.privacy.tuning import TrialCount, TuningEpsilon, run_event, tuning_epsilon
+from dpbench.privacy.tuning import TrialCount, TuningEpsilon, check_accountable, tuning_epsilon
 from dpbench.privacy.tuning_draws import score_sensitivity
 
 DEFAULT_SHAPE = 1.0
@@ -147,7 +147,7 @@ def _trial(suite: Suite, task: Task, method: Method, variant: Variant, epsilon: 
     except ConfigurationError as error:
         return f"its tuning trial is refused: {error}"
     try:
-        run_event(trial.composition)  # before planning the final runs: a JL calibration takes seconds
+        check_accountable(trial.composition)  # before planning the final runs: a JL calibration takes seconds
     except ConfigurationError as error:
         return f"private tuning not accounted: {error}"
     return trial
@@ -160,9 +160,11 @@ def describe(row: PlanRow) -> str:
         per_run = "" if row.per_run is None else f"epsilon {row.per_run:.2f} per run; "
         return f"{where}: {per_run}{row.reason}"
     figures = row.accounted
+    tail = "" if not figures.tail_mass else (f"; each random-sensitivity step's scale tail of mass "
+                                              f"{figures.tail_mass:.2g} left out of its RDP and charged to delta")
     return (f"{where}: epsilon {row.per_run:.2f} per run, {figures.with_tuning:.2f} with tuning (RDP: "
             f"{figures.per_run:.2f} per run, {figures.tuning:.2f} the tuning alone; delta {figures.delta:g}; "
-            f"validation score noise std {row.score_std})")
+            f"validation score noise std {row.score_std}{tail})")
 
 
 def header(suite: Suite, tuning: PrivateTuning) -> str:

@@ -356,7 +356,9 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         ("- **Private tuning**: each private method's tuning is Papernot & Steinke's private selection (a secret "
          "random number of trials over its grid, noisy validation scores, only the winner released), accounted with "
          "dp-accounting's RepeatAndSelectDpEvent and composed with the final run: each cell shows its epsilon per run "
-         "and with tuning." if selections else
+         "and with tuning. JL's and D2P2's random-sensitivity steps enter as Renyi bounds with their scale's "
+         "dangerous tail left out and charged to delta; where that bound is infinite (JL at few projections) the "
+         "cell says not accounted." if selections else
          "- **The epsilon of each run does not count the tuning**: choosing among the trials on private data spends "
          "privacy that no figure here includes (`--private-tuning` tunes privately and counts it)."),
         "- A method that cannot reach a budget is shown as `cannot reach epsilon X: <dpbench's reason>`; JL runs "

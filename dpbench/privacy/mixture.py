@@ -33,7 +33,7 @@ from prv_accountant.privacy_random_variables import PrivacyRandomVariable
 from scipy import integrate, optimize, special, stats
 
 from dpbench.privacy.mechanisms import Mechanism, register_mechanism
-from dpbench.privacy.subsampling import log_subsampled_moment, loss_threshold
+from dpbench.privacy.subsampling import log_subsampled_moment, log_subsampled_moments, loss_threshold
 
 MAX_LOSS_CAP = 5_000.0
 """Largest finite loss kept; beyond it every loss counts as +inf (the domain, and the absolute error, scale with it)."""
@@ -52,6 +52,10 @@ WINDOW = 9.0
 DENSE_POINTS = 256
 """Up to this many points the survival function is one dense pass over all components (quadrature, cap search)."""
 MEAN_POINTS = 2000
+ORDER_CHUNK = 16
+"""Orders whose moments are computed in one array (components x orders x terms)."""
+USELESS_RDP = 1e4
+"""A step's Renyi DP beyond which no order is worth computing: its epsilon would exceed this (higher orders: +inf)."""
 MGF_GRID = ((10.0, 4000), (100.0, 3000), (math.inf, 3000))
 """Grid on which the capped PRV's moment generating function is bounded: (up to loss, points) ..."""
 MGF_FLOOR = -100.0
@@ -254,6 +258,33 @@ class SubsampledGaussianMixture(Mechanism):
         budget."""
         forced = float(self.tail_probability(REVEALED_BELOW_SIGMA))
         return min(1.0, max(MIN_TAIL_MASS, forced, REVEALED_SHARE * inf_budget / max(self.sampling_rate, 1e-300)))
+
+    def truncated_rdp(self, orders: np.ndarray, tail_mass: float) -> np.ndarray:
+        """Renyi DP at integer orders of the step whose scale law is conditioned on leaving out its dangerous tail
+        of mass `tail_mass`: log sum_k w_k A_n(s_k) / (n - 1), A_n(s) the subsampled Gaussian's moment (Mironov,
+        Talwar and Zhang 2019), over the bins of `components` renormalised to the conditioned law. With the scale
+        revealed this is the mixture's exact moment, each bin at its dangerous edge bounding the bin; A_n bounds
+        the other direction's moment too, so it holds under add and remove. Without the cut JL's moments are
+        infinite at every order (chi2_r near 0 makes the noise vanish); the cut-off tail is paid for in delta by
+        whoever conditions on it (dpbench.privacy.tuning)."""
+        if not 0.0 < tail_mass < 1.0:
+            raise ValueError(f"the left-out tail mass must lie in (0, 1), got {tail_mass}")
+        if np.any(np.diff(orders) <= 0):
+            raise ValueError("the orders must increase (the first order past USELESS_RDP ends the computation)")
+        orders = np.asarray(orders, dtype=np.int64)
+        if np.any(orders < 2):
+            raise ValueError(f"Renyi orders here are integers >= 2, got {orders.min()}")
+        sigmas, weights = self.components(tail_mass)
+        log_weights = np.log(weights / weights.sum())
+        out = np.full(orders.size, np.inf)
+        for start in range(0, orders.size, ORDER_CHUNK):
+            chunk = orders[start:start + ORDER_CHUNK]
+            j = np.arange(chunk.max() + 1)
+            moments = log_subsampled_moments(self.sampling_rate, chunk, j * (j - 1) / (2 * sigmas[:, None] ** 2))
+            out[start:start + chunk.size] = special.logsumexp(moments + log_weights[:, None], axis=0) / (chunk - 1)
+            if out[start + chunk.size - 1] > USELESS_RDP:  # RDP never decreases with the order: +inf bounds the rest
+                break
+        return out
 
     def accounting_prv(self, inf_budget: float) -> SubsampledGaussianMixturePRV:
         """The mixture capped at the smallest loss whose mass above (plus the revealed tail) fits in inf_budget."""

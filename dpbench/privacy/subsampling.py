@@ -26,9 +26,19 @@ def loss_threshold(q: float, t: np.ndarray) -> np.ndarray:
 def log_subsampled_moment(q: float, order: int, log_unsampled: np.ndarray) -> np.ndarray:
     """log E_Q[((q P + (1 - q) Q) / Q)^n] at an integer order n, from log E_Q[(P / Q)^j] for j = 0..n (the last
     axis of `log_unsampled`): the binomial expansion of Mironov, Talwar and Zhang (2019)."""
-    j = np.arange(order + 1)
+    return log_subsampled_moments(q, np.array([order]), log_unsampled)[..., 0]
+
+
+def log_subsampled_moments(q: float, orders: np.ndarray, log_unsampled: np.ndarray) -> np.ndarray:
+    """`log_subsampled_moment` at several integer orders at once (a new last axis): `log_unsampled`'s last axis
+    covers j = 0..max(orders)."""
+    n = np.asarray(orders, dtype=np.int64)[:, None]
+    j = np.arange(log_unsampled.shape[-1])[None, :]
+    valid = j <= n
+    kept = np.where(valid, n - j, 0)
     # q = 1 (or 0): the zero-probability terms are -inf, never 0 * -inf
     log_q = j * math.log(q) if q > 0 else np.where(j == 0, 0.0, -np.inf)
-    log_keep = (order - j) * math.log1p(-q) if q < 1 else np.where(j == order, 0.0, -np.inf)
-    log_binomial = special.gammaln(order + 1) - special.gammaln(j + 1) - special.gammaln(order - j + 1)
-    return special.logsumexp(log_binomial + log_keep + log_q + log_unsampled, axis=-1)
+    log_keep = kept * math.log1p(-q) if q < 1 else np.where(kept == 0, 0.0, -np.inf)
+    log_binomial = special.gammaln(n + 1) - special.gammaln(j + 1) - special.gammaln(kept + 1)
+    terms = np.where(valid, log_binomial + log_keep + log_q, -np.inf)
+    return special.logsumexp(log_unsampled[..., None, :] + terms, axis=-1)
