@@ -133,8 +133,8 @@ def cost_plot(entries: list[Entry], epsilon: float, title: str, path: Path) -> P
         return _discard(figure)
     handles, labels = right.get_legend_handles_labels()
     right.legend(handles, labels, **LEGEND)
-    figure.suptitle(f"{title}, epsilon {epsilon:g}: mean and 95% interval over seeds; x whisker: the cost's range "
-                    "over seeds", fontsize=9)
+    figure.suptitle(f"{title}, epsilon {epsilon:g}: mean and 95% interval over seeds; cost: median over seeds, x "
+                    "whisker its range", fontsize=9)
     return _save(figure, path)
 
 
