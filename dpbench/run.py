@@ -229,8 +229,9 @@ def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> d
                     strategy.name, typed.optimizer.name, paper, method)
     profiler = ProfilerCallback(typed.profiler.warmup_steps)
     callbacks: list[L.Callback] = [profiler]
-    if plan.private:
-        callbacks.append(EpsilonLogger(ledger))
+    epsilon_logger = EpsilonLogger(ledger) if plan.private else None
+    if epsilon_logger is not None:
+        callbacks.append(epsilon_logger)
     wandb_id = _wandb_id(cfg, saved)
     checkpointing = None
     signals = StopSignals()
@@ -313,7 +314,7 @@ def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> d
         "peak_memory_mb": memory.peak_mb if memory else None,
         "max_memory_reserved_mb": memory.max_memory_reserved_mb if memory else None,
         "memory_method": memory.method if memory else None,
-        "train_time_s": wall,
+        "train_time_s": wall - (epsilon_logger.seconds if epsilon_logger else 0.0),  # the method's, not accounting's
         "device": _device_name(trainer.strategy.root_device),  # the module is back on the CPU once fit returns
         "seed": typed.seed,
         "run_dir": str(run_dir),
@@ -340,6 +341,8 @@ def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> d
                                    f"the steps after {saved.step}")
     if extend:
         results["extended_run"] = _extension_report(saved, results["epsilon"])
+    if epsilon_logger is not None:
+        results["epsilon_log_time_s"] = epsilon_logger.seconds
     if checkpointing is not None and checkpointing.save_seconds:
         results["checkpoint_time_s"] = sum(checkpointing.save_seconds)
     if not trainer.is_global_zero:  # the ledger is identical on every rank: rank 0 reports it once
