@@ -7,7 +7,7 @@ import pytest
 from scipy import integrate, optimize, special, stats
 
 from dpbench.privacy import PrivacyAccountant, SubsampledGaussian
-from dpbench.privacy.mixture import MAX_LOSS_CAP, SubsampledGaussianMixture
+from dpbench.privacy.mixture import MAX_LOSS_CAP, SubsampledGaussianMixture, capped_prv
 
 
 def gaussian_delta(mu: float, eps: float) -> float:
@@ -104,3 +104,22 @@ def test_small_dimension_is_finite_and_large_where_the_old_cut_said_infinite():
     epsilon is about 21 (independent quadrature in tests/test_jl_accounting.py)."""
     report = PrivacyAccountant().epsilon([(SubsampledGaussianMixture(0.05, 1.0, 5, 1.0), 1)], 1e-5)
     assert report.method == "prv" and 20.0 < report.epsilon < 23.0
+
+
+def test_rdp_curve_in_one_pass_equals_one_order_at_a_time_and_the_closed_sum():
+    """The accountant's orders filled in one vectorised pass (chunks of orders) give what asking each order alone
+    gives, and at integer orders never exceed Mironov, Talwar and Zhang's closed sum over the mixture's components."""
+    mechanism = SubsampledGaussianMixture(0.02, 1.0, 30, 1.0)
+    orders = (1.001, 1.5, 2.0, 3.0, 7.5, *range(8, 64))
+    batch = mechanism.accounting_prv(1e-9)
+    batch.prefill_rdp(orders)
+    alone = {alpha: capped_prv(batch.q, batch.sigmas, batch.weights, batch.revealed_mass, 1e-9).rdp(alpha)
+             for alpha in orders}
+    assert [batch.rdp(alpha) for alpha in orders] == pytest.approx([alone[alpha] for alpha in orders], rel=1e-12)
+    for n in (2, 3, 17, 63):
+        j = np.arange(n + 1)
+        terms = (special.gammaln(n + 1) - special.gammaln(j + 1) - special.gammaln(n - j + 1) + j * np.log(batch.q)
+                 + (n - j) * np.log1p(-batch.q) + j * (j - 1) / (2 * batch.sigmas[:, None] ** 2))
+        moment = np.logaddexp(special.logsumexp(special.logsumexp(terms, axis=1), b=batch.weights),
+                              np.log((1 - batch.q) * batch.revealed_mass) + (n - 1) * batch.floor)
+        assert batch.rdp(float(n)) <= (moment - np.log1p(-batch.pm_inf)) / (n - 1) * (1 + 1e-9)

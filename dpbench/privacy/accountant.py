@@ -82,6 +82,16 @@ def infinite_mass(prvs: list[PrivacyRandomVariable], counts: list[int]) -> float
     return -math.expm1(log_keep)
 
 
+def rdp_accountant(prvs: list[PrivacyRandomVariable], orders: tuple[float, ...]) -> RDP:
+    """prv-accountant's RDP accountant over `orders`, each mixture's curve first computed in one pass (the
+    accountant asks for one order at a time)."""
+    for prv in prvs:
+        prefill = getattr(prv, "prefill_rdp", None)
+        if prefill is not None:
+            prefill(orders)
+    return RDP(prvs=prvs, orders=list(orders))
+
+
 def loss_cap(prvs: list[PrivacyRandomVariable]) -> float:
     """Largest loss cap among the PRVs (0 when none is capped)."""
     return max((getattr(prv, "loss_cap", 0.0) for prv in prvs), default=0.0)
@@ -91,10 +101,11 @@ def safe_domain(prvs: list[PrivacyRandomVariable], counts: list[int], eps_error:
     """prv-accountant's safe domain (Gopi et al. 2021, Remark 5.6: RDP tail bounds of the composition at
     delta_error/4 and of each PRV at delta_error/(8 * steps), plus 3), with two changes for capped PRVs: their finite
     losses end at the cap, which bounds their own tail exactly, and orders near 1 bound the composition's tail."""
-    composed = RDP(prvs=prvs, orders=[*SMALL_ORDERS, *DEFAULT_ORDERS])
+    composed = rdp_accountant(prvs, (*SMALL_ORDERS, *DEFAULT_ORDERS))
     bound = composed.compute_epsilon(delta=delta_error / 4, num_self_compositions=counts)[2]
     for prv in prvs:
-        single = RDP(prvs=[prv]).compute_epsilon(delta=delta_error / 8 / sum(counts), num_self_compositions=[1])[2]
+        single = rdp_accountant([prv], DEFAULT_ORDERS).compute_epsilon(delta=delta_error / 8 / sum(counts),
+                                                                       num_self_compositions=[1])[2]
         bound = max(bound, min(single, getattr(prv, "loss_cap", math.inf)))
     return max(bound, eps_error) + 3
 
@@ -173,6 +184,6 @@ class PrivacyAccountant:
         remaining = delta - infinite_mass(prvs, counts)
         if remaining <= 0:
             return math.inf
-        rdp = RDP(prvs=prvs, orders=[*SMALL_ORDERS, *DEFAULT_ORDERS])
+        rdp = rdp_accountant(prvs, (*SMALL_ORDERS, *DEFAULT_ORDERS))
         _, _, epsilon = rdp.compute_epsilon(delta=remaining, num_self_compositions=counts)
         return float(epsilon)
