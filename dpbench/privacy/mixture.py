@@ -300,11 +300,10 @@ class SubsampledGaussianMixture(Mechanism):
         whoever conditions on it (dpbench.privacy.tuning)."""
         if not 0.0 < tail_mass < 1.0:
             raise ValueError(f"the left-out tail mass must lie in (0, 1), got {tail_mass}")
-        if np.any(np.diff(orders) <= 0):
-            raise ValueError("the orders must increase (the first order past USELESS_RDP ends the computation)")
         orders = np.asarray(orders, dtype=np.int64)
-        if np.any(orders < 2):
-            raise ValueError(f"Renyi orders here are integers >= 2, got {orders.min()}")
+        if np.any(orders < 2) or np.any(np.diff(orders) <= 0):
+            raise ValueError(f"the orders must be increasing integers >= 2 (past USELESS_RDP the computation ends), "
+                             f"got {orders.tolist()}")
         sigmas, weights = self.components(tail_mass)
         moments = log_mixture_moments(self.sampling_rate, sigmas, np.log(weights / weights.sum()), orders, USELESS_RDP)
         return moments / (orders - 1)
