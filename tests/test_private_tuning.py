@@ -11,6 +11,7 @@ from dpbench.errors import ConfigurationError
 from dpbench.privacy.mechanisms import SubsampledGaussian
 from dpbench.privacy.mixture import SubsampledGaussianMixture
 from dpbench.privacy.randomness import PrivacyRandomness
+from dpbench.privacy.rdp_curve import CurveRdpAccountant, curve_event
 from dpbench.privacy.selection import SubsampledSelectionGaussian
 from dpbench.privacy.tuning import ORDERS as TUNING_ORDERS
 from dpbench.privacy.tuning import TrialCount, subsampled_gaussian_run, tuning_epsilon
@@ -123,6 +124,18 @@ def test_random_sensitivity_runs_pay_their_left_out_tail_in_delta(projected):
                            TrialCount(MEAN, 1), DELTA, SCORE_SIGMA)
     assert ours.per_run < ours.with_tuning < ours.tuning + ours.per_run
     assert plain.with_tuning < ours.with_tuning < plain.with_tuning + 1.0  # a random sensitivity costs some more
+
+
+def test_an_rdp_curve_that_is_not_a_bound_is_refused():
+    """dp-accounting's conversion reads a NaN order as epsilon 0: a NaN, a negative value or a curve of the wrong
+    length never becomes an event, and a curve at other orders is not composed."""
+    good = np.linspace(0.1, 10.0, len(ORDERS))
+    for bad in (np.where(ORDERS == 3, np.nan, good), -good, good[:-1]):
+        with pytest.raises(ValueError, match="one non-negative value"):
+            curve_event(TUNING_ORDERS, bad)
+    elsewhere = curve_event((2.0, 3.0), np.array([0.1, 0.2]))
+    assert not CurveRdpAccountant(TUNING_ORDERS).supports(elsewhere)
+    assert CurveRdpAccountant(TUNING_ORDERS).supports(curve_event(TUNING_ORDERS, good))
 
 
 def test_more_trials_and_a_heavier_law_cost_more():

@@ -147,7 +147,7 @@ def _trial(suite: Suite, task: Task, method: Method, variant: Variant, epsilon: 
     except ConfigurationError as error:
         return f"its tuning trial is refused: {error}"
     try:
-        check_accountable(trial.composition)  # before planning the final runs: a JL calibration takes seconds
+        check_accountable(trial.composition)  # sparse's selections: before planning the final runs
     except ConfigurationError as error:
         return f"private tuning not accounted: {error}"
     return trial

@@ -294,10 +294,11 @@ class SubsampledGaussianMixture(Mechanism):
         """Renyi DP at integer orders of the step whose scale law is conditioned on leaving out its dangerous tail
         of mass `tail_mass`: log sum_k w_k A_n(s_k) / (n - 1), A_n(s) the subsampled Gaussian's moment (Mironov,
         Talwar and Zhang 2019), over the bins of `components` renormalised to the conditioned law. With the scale
-        revealed this is the mixture's exact moment, each bin at its dangerous edge bounding the bin; A_n bounds
-        the other direction's moment too, so it holds under add and remove. Without the cut JL's moments are
+        revealed this bounds the mixture's moment from above, each bin at its dangerous edge bounding the bin; A_n
+        bounds the other direction's moment too, so it holds under add and remove. Without the cut JL's moments are
         infinite at every order (chi2_r near 0 makes the noise vanish); the cut-off tail is paid for in delta by
-        whoever conditions on it (dpbench.privacy.tuning)."""
+        whoever conditions on it (dpbench.privacy.tuning). Orders past the first whose RDP exceeds USELESS_RDP
+        come back as +inf."""
         if not 0.0 < tail_mass < 1.0:
             raise ValueError(f"the left-out tail mass must lie in (0, 1), got {tail_mass}")
         orders = np.asarray(orders, dtype=np.int64)

@@ -34,11 +34,17 @@ class CurveRdpAccountant(RdpAccountant):
         if not isinstance(event, RdpCurveDpEvent):
             return super()._maybe_compose(event, count, do_compose)
         if tuple(event.orders) != tuple(np.asarray(self._orders).tolist()):
-            raise ValueError("an RdpCurveDpEvent must be given at the accountant's own orders")
+            return RdpAccountant.CompositionErrorDetails(
+                invalid_event=event, error_message="an RdpCurveDpEvent must be given at the accountant's own orders")
         if do_compose:
             self._rdp = self._rdp + count * np.asarray(event.rdp, dtype=np.float64)
         return None
 
 
 def curve_event(orders: Sequence[float], rdp: np.ndarray) -> RdpCurveDpEvent:
-    return RdpCurveDpEvent(tuple(float(order) for order in orders), tuple(float(value) for value in rdp))
+    """The event of a curve, refused where it is not an RDP bound: dp-accounting's conversion reads a NaN as an
+    epsilon of 0."""
+    values = np.asarray(rdp, dtype=np.float64)
+    if values.shape != (len(orders),) or np.isnan(values).any() or (values < 0).any():
+        raise ValueError(f"an RDP curve needs one non-negative value (or +inf) per order, got {values.tolist()}")
+    return RdpCurveDpEvent(tuple(float(order) for order in orders), tuple(values.tolist()))

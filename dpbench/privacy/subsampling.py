@@ -40,5 +40,5 @@ def log_subsampled_moments(q: float, orders: np.ndarray, log_unsampled: np.ndarr
     log_q = j * math.log(q) if q > 0 else np.where(j == 0, 0.0, -np.inf)
     log_keep = kept * math.log1p(-q) if q < 1 else np.where(kept == 0, 0.0, -np.inf)
     log_binomial = special.gammaln(n + 1) - special.gammaln(j + 1) - special.gammaln(kept + 1)
-    terms = np.where(valid, log_binomial + log_keep + log_q, -np.inf)
-    return special.logsumexp(log_unsampled[..., None, :] + terms, axis=-1)
+    terms = np.where(valid, log_unsampled[..., None, :] + log_binomial + log_keep + log_q, -np.inf)
+    return special.logsumexp(terms, axis=-1)

@@ -91,9 +91,10 @@ def truncated_mean(gamma: float, shape: float) -> float:
     return shape * (1.0 - gamma) / (gamma * -math.expm1(shape * math.log(gamma)))
 
 
-TAIL_SHARES = tuple(10.0 ** -k for k in range(2, 16, 2))
-"""Candidate shares of delta for the left-out tails of random-sensitivity steps (beta above); the share giving the
-smallest epsilon with tuning is kept."""
+TAIL_SHARES = tuple(10.0 ** -k for k in range(1, 16))
+"""Candidate beta / delta for the left-out tails of random-sensitivity steps (beta above; delta pays (1 + e^epsilon)
+beta), tried from the largest; the one giving the smallest epsilon with tuning is kept, and the search ends once two
+smaller ones in a row do worse (the bound grows again as the cut moves into the tail)."""
 FIXED_POINT_STEPS = 50
 FIXED_POINT_SLACK = 1e-6
 """Relative step above the last epsilon, so that the search for epsilon >= its conversion at delta - (1 + e^epsilon)
@@ -104,13 +105,14 @@ MAX_EXPONENT = 700.0
 
 def check_accountable(composition: Composition) -> None:
     """Raise ConfigurationError where a run's steps have no RDP bound here (sparse's selections)."""
-    for mechanism, _ in merge_composition(composition):
+    merged = merge_composition(composition)
+    if not merged:
+        raise ConfigurationError("the run composes no private step: there is no privacy to account")
+    for mechanism, _ in merged:
         if type(mechanism) not in (SubsampledGaussian, SubsampledGaussianMixture):
             raise ConfigurationError(
                 f"its steps are {mechanism.kind}, which has no Renyi DP bound here (private tuning is accounted for "
                 f"Poisson-subsampled Gaussian steps, with a fixed or a random sensitivity)")
-    if not merge_composition(composition):
-        raise ConfigurationError("the run composes no private step: there is no privacy to account")
 
 
 def cut_steps(composition: Composition) -> int:
@@ -190,7 +192,6 @@ def conditioned_epsilon(event: dp_event.DpEvent, delta: float, tail_probability:
     return math.inf
 
 
-
 def tuning_epsilon(trial: Composition, final: Composition, trials: TrialCount, delta: float,
                    score_noise_multiplier: float) -> TuningEpsilon:
     """The epsilon of the final run alone, of the private selection over trials of `trial`, and of both."""
@@ -198,7 +199,7 @@ def tuning_epsilon(trial: Composition, final: Composition, trials: TrialCount, d
         raise ConfigurationError(f"delta must lie in (0, 1), got {delta}")
     trial_cut, final_cut = cut_steps(trial), cut_steps(final)
     applications = trials.mean * trial_cut + final_cut  # E[K] <= mean (TrialCount.gamma)
-    best = None
+    best, worse = None, 0
     for share in TAIL_SHARES if applications else (0.0,):
         tail_mass = share * delta / applications if applications else 0.0
         selection = dp_event.RepeatAndSelectDpEvent(trial_event(trial, score_noise_multiplier, tail_mass),
@@ -212,9 +213,15 @@ def tuning_epsilon(trial: Composition, final: Composition, trials: TrialCount, d
             delta=delta, tail_mass=tail_mass,
         )
         if best is None or figures.with_tuning < best.with_tuning:
-            best = figures
+            best, worse = figures, 0
+        elif math.isfinite(best.with_tuning):
+            worse += 1
+            if worse == 2:
+                break
     if not math.isfinite(best.with_tuning):
         raise ConfigurationError(
-            f"its Renyi DP bound gives no finite epsilon at delta {delta:g}: the random sensitivity's tail (JL at few "
-            f"projections) makes every order's moment too large; more projections or more noise would bound it")
+            f"its Renyi DP bound gives no finite epsilon at delta {delta:g}: every cut of its random-sensitivity "
+            f"steps' scale law either leaves Renyi moments too large or cuts off a tail whose charge, (1 + "
+            f"e^epsilon) times its probability, exceeds delta (JL's chi-square scale near 0 at few projections); "
+            f"more projections or more noise would bound it")
     return best
