@@ -10,11 +10,14 @@ from matplotlib import colormaps
 
 from dpbench.methods import METHODS, OPTIMIZERS, method_label
 
-COLOURS = [colormaps["tab10"](i) for i in range(10)]
-MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "h"]  # 9 markers and 10 colours: 90 distinct pairs
-# The methods compared most often come first, so they get ten different colours (and markers).
+COLOURS = [colormaps["tab20"](2 * i) for i in range(10)] + [colormaps["tab20"](2 * i + 1) for i in range(10)]
+"""tab10's ten colours (tab20's dark ones), then their light pairs: twenty colours, the first ten as before."""
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "h"]  # 9 markers and 20 colours: 180 distinct pairs
+# The methods compared most often come first, so they get different colours (and markers): the leaderboard's ViT
+# task alone shows twelve methods.
 FIRST = [("vanilla", "sgd"), ("vanilla", "adam"), ("nonprivate", "sgd"), ("nonprivate", "adam"), ("grape", "adam"),
-         ("d2p2", "sgd"), ("jl", "sgd"), ("sparse", "sgd"), ("dp_galore", "adam"), ("d2p_sgd", "sgd")]
+         ("d2p2", "sgd"), ("jl", "sgd"), ("sparse", "sgd"), ("dp_galore", "adam"), ("d2p_sgd", "sgd"),
+         ("jl", "adam"), ("sparse", "adam"), ("dp2_sgd", "sgd")]
 
 
 @dataclass(frozen=True)
@@ -37,5 +40,14 @@ STYLES = {label: _style(index) for index, label in enumerate(_known())}
 
 
 def style_of(method: str) -> Style:
-    """The method's style; a plugin's method gets one derived from its label (stable across runs and reports)."""
-    return STYLES.get(method) or _style(len(STYLES) + zlib.crc32(method.encode()))
+    """The method's style; a variant of a known method ("DP-Adam-JL (r=10)", "DP2-SGD (constant noise)") keeps its
+    colour with another marker, and a plugin's method gets one derived from its label (stable across runs and
+    reports)."""
+    if method in STYLES:
+        return STYLES[method]
+    base, _, variant = method.partition(" (")
+    if variant and base in STYLES:
+        own = MARKERS.index(STYLES[base].marker)
+        shift = 1 + zlib.crc32(variant.encode()) % (len(MARKERS) - 1)
+        return Style(STYLES[base].colour, MARKERS[(own + shift) % len(MARKERS)])
+    return _style(len(STYLES) + zlib.crc32(method.encode()))
