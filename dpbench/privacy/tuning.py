@@ -121,7 +121,7 @@ def cut_steps(composition: Composition) -> int:
                if isinstance(mechanism, SubsampledGaussianMixture))
 
 
-@lru_cache(maxsize=256)
+@lru_cache(maxsize=1024)  # D2P2: twelve noise buckets x trial and final runs x the tail shares tried
 def _curve(mechanism: SubsampledGaussianMixture, tail_mass: float) -> dp_event.DpEvent:
     return curve_event(ORDERS, mechanism.truncated_rdp(np.array(ORDERS), tail_mass))
 
@@ -199,29 +199,32 @@ def tuning_epsilon(trial: Composition, final: Composition, trials: TrialCount, d
         raise ConfigurationError(f"delta must lie in (0, 1), got {delta}")
     trial_cut, final_cut = cut_steps(trial), cut_steps(final)
     applications = trials.mean * trial_cut + final_cut  # E[K] <= mean (TrialCount.gamma)
-    best, worse = None, 0
-    for share in TAIL_SHARES if applications else (0.0,):
-        tail_mass = share * delta / applications if applications else 0.0
+
+    def events(tail_mass: float) -> tuple[dp_event.DpEvent, dp_event.DpEvent]:
         selection = dp_event.RepeatAndSelectDpEvent(trial_event(trial, score_noise_multiplier, tail_mass),
                                                     float(trials.mean), float(trials.shape))
-        final_event = run_event(final, tail_mass)
-        figures = TuningEpsilon(
-            per_run=conditioned_epsilon(final_event, delta, final_cut * tail_mass),
-            tuning=conditioned_epsilon(selection, delta, trials.mean * trial_cut * tail_mass),
-            with_tuning=conditioned_epsilon(dp_event.ComposedDpEvent([selection, final_event]), delta,
-                                            applications * tail_mass),
-            delta=delta, tail_mass=tail_mass,
-        )
-        if best is None or figures.with_tuning < best.with_tuning:
-            best, worse = figures, 0
-        elif math.isfinite(best.with_tuning):
+        return selection, run_event(final, tail_mass)
+
+    best, best_tail, worse = math.inf, 0.0, 0
+    for share in TAIL_SHARES if applications else (0.0,):
+        tail_mass = share * delta / applications if applications else 0.0
+        with_tuning = conditioned_epsilon(dp_event.ComposedDpEvent(list(events(tail_mass))), delta,
+                                          applications * tail_mass)
+        if with_tuning < best:
+            best, best_tail, worse = with_tuning, tail_mass, 0
+        elif math.isfinite(best):
             worse += 1
             if worse == 2:
                 break
-    if not math.isfinite(best.with_tuning):
+    if not math.isfinite(best):
         raise ConfigurationError(
             f"its Renyi DP bound gives no finite epsilon at delta {delta:g}: every cut of its random-sensitivity "
             f"steps' scale law either leaves Renyi moments too large or cuts off a tail whose charge, (1 + "
             f"e^epsilon) times its probability, exceeds delta (JL's chi-square scale near 0 at few projections); "
             f"more projections or more noise would bound it")
-    return best
+    selection, final_event = events(best_tail)  # the parts at the chosen tail (their curves are cached)
+    return TuningEpsilon(
+        per_run=conditioned_epsilon(final_event, delta, final_cut * best_tail),
+        tuning=conditioned_epsilon(selection, delta, trials.mean * trial_cut * best_tail),
+        with_tuning=best, delta=delta, tail_mass=best_tail,
+    )
