@@ -7,7 +7,8 @@ per timed step (host memory): glibc hands large freed blocks back to the kernel,
 its memory in again, which adds the same kind of cost to every case and narrows their ratios; `--keep-freed-memory`
 (glibc told to keep freed memory, for the measured processes) shows the ratios without it. On CPU one more step,
 profiled, gives "step MB": the tensor memory a step holds at its peak, which the resident peak overstates by what the
-allocator keeps (benchmarks/step_allocation.py).
+allocator keeps (benchmarks/step_allocation.py). One more step, counted, gives "GFLOP": the arithmetic of its products
+(benchmarks/step_flops.py), the floor against which a ratio of step times is read.
 """
 
 from __future__ import annotations
@@ -29,6 +30,7 @@ from typing import Any
 import torch
 
 from benchmarks.step_allocation import step_allocated_mb
+from benchmarks.step_flops import step_gflop
 from dpbench.profiling.memory import PeakMemory
 
 KEEP_FREED_MEMORY = {"MALLOC_TRIM_THRESHOLD_": "1000000000", "MALLOC_MMAP_THRESHOLD_": "1000000000"}
@@ -59,7 +61,8 @@ def _measure(module_name: str, case: str, params: dict[str, Any], steps: int, wa
         faults = (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - faults) / max(steps, 1)
         allocated = step_allocated_mb(step) if device.type == "cpu" else None  # one more step, profiled
         queue.put({"step_time_s": statistics.median(times[warmup:]), "peak_memory_mb": memory.peak_mb,
-                   "step_allocated_mb": allocated, "page_faults_per_step": faults})
+                   "step_allocated_mb": allocated, "page_faults_per_step": faults,
+                   "step_gflop": step_gflop(step)})  # and one more, counted
     except Exception as error:  # reported as a failed case, not a crashed benchmark
         queue.put({"error": f"{type(error).__name__}: {error}"})
 
@@ -98,6 +101,7 @@ def compare(
             "peak_memory_mb": statistics.median(r["peak_memory_mb"] for r in ok),
             "step_allocated_mb": _median_or_none([r["step_allocated_mb"] for r in ok]),
             "page_faults_per_step": statistics.median(r["page_faults_per_step"] for r in ok),
+            "step_gflop": statistics.median(r["step_gflop"] for r in ok),
         }
     return summary
 
@@ -110,7 +114,7 @@ def _median_or_none(values: list[float | None]) -> float | None:
 def print_table(title: str, summary: dict[str, dict[str, float]], baseline: str) -> None:
     print(f"\n{title}")
     print(f"{'case':>20} {'step ms':>9} {'samples/s':>10} {'peak MB':>9} {'step MB':>9} {'faults/step':>12} "
-          f"{'speed vs ' + baseline:>22}")
+          f"{'GFLOP':>8} {'speed vs ' + baseline:>22}")
     base = summary.get(baseline, {}).get("samples_per_s")
     for case, row in summary.items():
         if "error" in row:
@@ -119,7 +123,8 @@ def print_table(title: str, summary: dict[str, dict[str, float]], baseline: str)
         ratio = f"{row['samples_per_s'] / base:.2f}x" if base else "-"
         allocated = "-" if row.get("step_allocated_mb") is None else f"{row['step_allocated_mb']:.1f}"
         print(f"{case:>20} {row['step_time_s'] * 1e3:9.1f} {row['samples_per_s']:10.0f} "
-              f"{row['peak_memory_mb']:9.1f} {allocated:>9} {row['page_faults_per_step']:12.0f} {ratio:>22}")
+              f"{row['peak_memory_mb']:9.1f} {allocated:>9} {row['page_faults_per_step']:12.0f} "
+              f"{row['step_gflop']:8.2f} {ratio:>22}")
 
 
 def print_checks(checks: dict[str, float | None]) -> None:

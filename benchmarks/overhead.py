@@ -109,7 +109,8 @@ def cases(model_name: str) -> list[str]:
 
 
 def checks(model_name: str, summary: dict) -> dict[str, float | None]:
-    """The issue's ratios, as step-time ratios (larger is slower)."""
+    """The issue's ratios, as step-time ratios (larger is slower), and the ratios of the steps' arithmetic beside
+    them: a time ratio below the arithmetic's means the private step's kernels run more efficiently."""
     spec = MODELS[model_name]
     found = {
         f"{model_name}: vanilla / nonprivate (target <= {spec['target']})":
@@ -118,10 +119,14 @@ def checks(model_name: str, summary: dict) -> dict[str, float | None]:
         f"{model_name}: vanilla / nonprivate peak memory": ratio(summary, "vanilla", "nonprivate", "peak_memory_mb"),
         f"{model_name}: vanilla / nonprivate memory a step allocates": ratio(summary, "vanilla", "nonprivate",
                                                                            "step_allocated_mb"),
+        f"{model_name}: vanilla / nonprivate arithmetic (GFLOP)": ratio(summary, "vanilla", "nonprivate",
+                                                                       "step_gflop"),
     }
     if "jl_target" in spec:
         found[f"{model_name}: jl r=10 / vanilla (target <= {spec['jl_target']})"] = ratio(
             summary, "jl_r10", "vanilla", "step_time_s")
+        found[f"{model_name}: jl r=10 / vanilla arithmetic (GFLOP)"] = ratio(summary, "jl_r10", "vanilla",
+                                                                             "step_gflop")
     return found
 
 

