@@ -71,3 +71,23 @@ def test_step_gflop_counts_a_linear_step():
     layer = torch.nn.Linear(300, 200)
     x = torch.randn(50, 300)  # no gradient wanted for it: the forward and the weight's gradient, two products
     assert step_gflop(lambda: layer(x).sum().backward()) == pytest.approx(2 * 2 * 50 * 300 * 200 / 1e9)
+
+
+@pytest.mark.parametrize("groups", [1, 4])
+def test_grouped_convolution_backward_counts_each_group_once(groups: int):
+    """The grouped convolution's count equals that of its groups run as separate convolutions."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 8, 10, 10, requires_grad=True)
+    weight = torch.randn(12, 8 // groups, 3, 3, requires_grad=True)
+
+    def grouped() -> None:
+        torch.nn.functional.conv2d(x, weight, stride=2, groups=groups).sum().backward()
+
+    def separate() -> None:
+        outputs = [torch.nn.functional.conv2d(xs, ws, stride=2)
+                   for xs, ws in zip(x.chunk(groups, 1), weight.chunk(groups, 0), strict=True)]
+        torch.cat(outputs, 1).sum().backward()
+
+    counted, by_group = _counted(grouped), _counted(separate)
+    assert counted["convolution_backward"] == by_group["convolution_backward"]
+    assert counted["convolution"] == by_group["convolution"]
