@@ -128,7 +128,7 @@ def cost_plot(entries: list[Entry], epsilon: float, title: str, path: Path) -> P
     chosen = [e for e in entries if e.epsilon in (epsilon, None)]
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
     drawn = _draw_cost(left, chosen, "peak_mb", "peak memory (MB)")
-    drawn = _draw_cost(right, chosen, "step_s", "wall time per training step (s)") and drawn
+    drawn = _draw_cost(right, chosen, "step_s", "time per training step (s)") and drawn
     if not drawn:
         return _discard(figure)
     handles, labels = right.get_legend_handles_labels()

@@ -363,8 +363,8 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
          "privacy that no figure here includes (`--private-tuning` tunes privately and counts it)."),
         "- A method that cannot reach a budget is shown as `cannot reach epsilon X: <dpbench's reason>`; JL runs "
         "the smallest r that reaches each budget and one larger r.",
-        "- Costs (samples/s, peak memory above the process's start, seconds per training step, training wall time "
-        "without the per-epoch epsilon accounting) "
+        "- Costs (samples/s and seconds per training step, both over the steps after the profiler's warm-up; peak "
+        "memory above the process's start; training wall time without the per-epoch epsilon accounting) "
         f"are the median over seeds at epsilon {suite.tune_epsilon:g} unless noted (cells run two at a time, and a "
         "run beside a heavier cell is slower); raw per-cell figures: "
         "[leaderboard/cells.csv](leaderboard/cells.csv). On CPU the peak is the resident high-water mark, which also "
