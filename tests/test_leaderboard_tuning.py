@@ -188,3 +188,29 @@ def test_seconds_per_step_is_measured_where_samples_per_s_is(tmp_path):
     entries, _ = summarize([Outcome(cell, "done", results, None, tmp_path)])
     (entry,) = entries["t"]
     assert entry.cost("step_s") == 0.0016 and entry.cost("wall_s") == 0.98
+
+
+def test_a_dry_run_marks_what_is_recorded_and_estimates_the_rest(tmp_path, capsys):
+    """After one method has run, the dry run follows its recorded search to the test cells it chose (not the first
+    grid point's, which never ran) and prices the rest from the recorded cells' process times."""
+    from dpbench.leaderboard.__main__ import main
+
+    suite_file = tmp_path / "suite.yaml"
+    suite_file.write_text(SUITE)
+    suite, root = _suite(tmp_path), tmp_path / "cells"
+    cnn = suite.tasks[0]
+    ran = Simulated(suite, root)
+    ran.run_method(cnn, cnn.methods[1])  # DP-SGD: its grown searches and the seeds at their optimum
+    assert main(["--suite", str(suite_file), "--profile", "p", "--root", str(root), "--dry-run", "--jobs", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    listed = {line.split()[-1]: line.split()[0] for line in lines[:-1]}
+    dpsgd = {str(cell.directory(root)) for cell in ran.planned}
+    assert {path for path, state in listed.items() if state == "recorded"} == dpsgd
+    to_run = [path for path, state in listed.items() if state != "recorded"]
+    on_cnn = [path for path in to_run if "/cnn/" in path]
+    assert on_cnn and len(on_cnn) + 3 == len(to_run)  # the cost-only BiLSTM's three seeds: no cell of it ran
+    hours = len(on_cnn) * 1.0 / 3600  # every recorded cell took 1 s here (Simulated's process_wall_s)
+    assert lines[-1] == (f"{len(dpsgd)} cells recorded, {len(to_run)} to run at least (grids that grow add more): "
+                         f"about {hours:.1f} h of cell processes, {hours / 2:.1f} h at --jobs 2, from the process "
+                         "times of each task's and method's finished cells; 3 cells of tasks with no finished cell "
+                         "are not in that estimate")

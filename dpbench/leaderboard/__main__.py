@@ -14,6 +14,7 @@ from pathlib import Path
 import yaml
 
 from dpbench.errors import ConfigurationError
+from dpbench.leaderboard.cells import recorded
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, LAUNCHER_NAMES, make_launcher
 from dpbench.leaderboard.private_tuning import (
     DEFAULT_SCORE_NOISE,
@@ -23,6 +24,7 @@ from dpbench.leaderboard.private_tuning import (
     header,
     plan_rows,
 )
+from dpbench.leaderboard.remaining import remaining
 from dpbench.leaderboard.report import build, record_invocation
 from dpbench.leaderboard.scale import rewrite as rewrite_scale_section
 from dpbench.leaderboard.schedule import Scheduler
@@ -64,7 +66,8 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--jobs", type=_positive, default=1,
                         help="(task, method) pipelines run at once (default 1: each cell alone on the machine, so its "
                              "speed and memory are its own; raise it on a cluster)")
-    parser.add_argument("--dry-run", action="store_true", help="list the cells that the suite would run")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="list the suite's cells, recorded or to run, and estimate the time the rest takes")
     parser.add_argument("--private-tuning", action="store_true",
                         help="Papernot-Steinke private tuning of every private method: a secret random number of "
                              "trials over its grid, noisy validation scores, only the winner released and its privacy "
@@ -148,8 +151,8 @@ def main(argv: list[str] | None = None) -> int:
         scheduler = Scheduler(suite, root, dry_run=True)
         scheduler.run()
         for cell in scheduler.planned:
-            print(cell.directory(root))
-        print(f"{len(scheduler.planned)} cells at least (ladder rungs that are refused and grids that grow add more)"
+            print(f"{'recorded' if recorded(cell, root) else 'to run':>8}  {cell.directory(root)}")
+        print(remaining(scheduler.planned, root).describe(args.jobs)
               + ("; with --private-tuning each private method's trials are a secret random number instead of its "
                  "grid's first range" if tuning else ""))
         return 0

@@ -80,13 +80,20 @@ def _recorded_overrides(directory: Path) -> list[str] | None:
     return json.loads(path.read_text()).get("overrides") if path.exists() else None
 
 
+def recorded(cell: Cell, root: Path) -> str | None:
+    """done or refused when the cell's outcome is recorded for exactly its overrides, else None (it would run)."""
+    directory = cell.directory(root)
+    current = status(directory)
+    return current if current in ("done", "refused") and _recorded_overrides(directory) == cell.overrides else None
+
+
 def run_cell(cell: Cell, root: Path, env: dict[str, str] | None = None, launcher: str = DEFAULT_LAUNCHER,
              parameters: dict[str, Any] | None = None) -> str:
     """Run the cell unless its outcome is recorded for exactly these overrides (an edited suite re-runs it);
     `parameters`: the submitit launcher's."""
     directory = cell.directory(root)
-    current = status(directory)
-    if current in ("done", "refused") and _recorded_overrides(directory) == cell.overrides:
+    current = recorded(cell, root)
+    if current is not None:
         return current
     if directory.exists():  # an interrupted or failed attempt: start clean
         shutil.rmtree(directory)

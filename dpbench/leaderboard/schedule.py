@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from dpbench.errors import ConfigurationError
-from dpbench.leaderboard.cells import Cell, read_outcome, run_cell
+from dpbench.leaderboard.cells import Cell, read_outcome, recorded, run_cell
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, RUNNING, Stopped
 from dpbench.leaderboard.private_selection import PrivateSelector
 from dpbench.leaderboard.private_tuning import PrivateTuning
@@ -64,8 +64,8 @@ class Scheduler:
         if RUNNING.stopped:
             raise Stopped(cell.directory(self.root))  # ends this worker's pipeline before its next cell starts
         self.planned.append(cell)
-        if self.dry_run:
-            return "done"
+        if self.dry_run:  # what is recorded, else what a run would most likely give
+            return recorded(cell, self.root) or "done"
         state = run_cell(cell, self.root, self.env, self.launcher, self.parameters)
         log.info("%-8s %s", state, cell.directory(self.root).relative_to(self.root))
         return state
@@ -129,8 +129,8 @@ class Scheduler:
                 cells[(lr, clip)] = cell
                 if self._run(cell) == "refused" and cell.trial == 0:
                     return REFUSED
-            if self.dry_run:
-                return next(iter(cells.values()))
+            if self.dry_run and any(recorded(cell, self.root) is None for cell in cells.values()):
+                return next(iter(cells.values()))  # the choice needs trials that have not run
             best = choose(list(cells.values()), self.root)
             if best is None:
                 return UNFINISHED
