@@ -16,7 +16,6 @@ from torch.utils._pytree import tree_map
 
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
-from dpbench.privatizers.per_sample.sites import row_norms_sq
 from dpbench.privatizers.per_sample.vmap_traceable import vmap_traceable
 from dpbench.tasks import Batch, Task
 
@@ -67,7 +66,7 @@ class FunctorchEngine:
     ) -> ClippedSum:
         """sum_i factor_i g_i; factor_fn gives the per-sample factors (default: clip to C; D2P2: automatic)."""
         per_sample = self.per_sample_gradients(task, batch)
-        norms = torch.stack([row_norms_sq(g) for g in per_sample.values()]).sum(0).sqrt()
+        norms = torch.stack([g.flatten(1).pow(2).sum(1) for g in per_sample.values()]).sum(0).sqrt()
         factors = factor_fn(norms, clip_norm)
         finite = torch.isfinite(norms)
         grads = {}

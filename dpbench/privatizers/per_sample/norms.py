@@ -12,14 +12,14 @@ from collections import defaultdict
 import torch
 from torch import Tensor
 
-from dpbench.privatizers.per_sample.sites import OuterProductSite, Site, row_norms_sq
+from dpbench.privatizers.per_sample.sites import OuterProductSite, Site
 
 
 def group_norm_sq(group: list[Site]) -> Tensor:
     """(B,) squared norms of one parameter's per-sample gradients, summed over its sites first when it has several."""
     if len(group) == 1:
         return group[0].norm_sq()
-    return row_norms_sq(sum(site.materialize() for site in group))
+    return sum(site.materialize() for site in group).flatten(1).pow(2).sum(1)
 
 
 def _memory(tensor: Tensor) -> tuple:

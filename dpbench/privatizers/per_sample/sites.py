@@ -14,12 +14,6 @@ import torch
 from torch import Tensor
 
 
-def row_norms_sq(tensor: Tensor) -> Tensor:
-    """(B,) sums of squares over all but the first dimension, by one reduction (on CPU three times faster than
-    `pow(2).sum`, which writes the squares out first: 0.13 against 0.44 ms for 256 x 8,192, one thread)."""
-    return torch.linalg.vector_norm(tensor.flatten(1), dim=1).square()
-
-
 def _zero_rows(tensor: Tensor, bad: Tensor) -> Tensor:
     return torch.where(bad.view(-1, *([1] * (tensor.dim() - 1))), torch.zeros((), dtype=tensor.dtype), tensor)
 
@@ -49,7 +43,7 @@ class DenseSite(Site):
         self.per_sample = per_sample
 
     def norm_sq(self) -> Tensor:
-        return row_norms_sq(self.per_sample)
+        return self.per_sample.flatten(1).pow(2).sum(1)
 
     def weighted_sum(self, factors: Tensor) -> Tensor:
         return torch.tensordot(factors.to(self.per_sample.dtype), self.per_sample, dims=1)
@@ -72,7 +66,7 @@ class OuterProductSite(Site):
     def norm_sq(self) -> Tensor:
         a, g = self.activations, self.output_grads
         if a.shape[1] == 1:
-            return row_norms_sq(a) * row_norms_sq(g)
+            return a.pow(2).sum((1, 2)) * g.pow(2).sum((1, 2))
         return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
 
     def weighted_sum(self, factors: Tensor) -> Tensor:
@@ -100,7 +94,7 @@ class EmbeddingSite(Site):
     def norm_sq(self) -> Tensor:
         g = self.output_grads
         if self.ids.shape[1] == 1:
-            return row_norms_sq(g)
+            return g.pow(2).sum((1, 2))
         same_token = self.ids.unsqueeze(2) == self.ids.unsqueeze(1)
         return (torch.bmm(g, g.transpose(1, 2)) * same_token).sum((1, 2))
 
