@@ -214,3 +214,26 @@ def test_a_dry_run_marks_what_is_recorded_and_estimates_the_rest(tmp_path, capsy
                          f"about {hours:.1f} h of cell processes, {hours / 2:.1f} h at --jobs 2, from the process "
                          "times of each task's and method's finished cells; 3 cells of tasks with no finished cell "
                          "are not in that estimate")
+
+
+def test_a_published_recipe_shows_only_its_own_budgets(tmp_path):
+    """Tramer & Boneh's tasks run their recipe at epsilon 3 alone: no empty columns for budgets they never run."""
+    text = SUITE.replace("  lstm:\n", """  tb:
+    title: T&B CNN
+    overrides: [model=cnn, data=mnist5k]
+    optimizer: sgd
+    lr: {sgd: [0.5, 2.0]}
+    clip: [0.5, 2.0]
+    validation_size: 200
+    fixed: {lr: 4.0, clip: 0.1}
+    budgets: [3]
+  lstm:
+""", 1).replace("      lstm: {methods: [dpsgd]}", "      tb: {methods: [dpsgd]}")
+    suite, root, docs = _suite(tmp_path, text), tmp_path / "cells", tmp_path / "docs"
+    Simulated(suite, root).run()
+    section = build(suite, root, docs, "pytest").read_text().split("### T&B CNN")[1].split("###")[0]
+    assert "seeds (the recipe learning rate and clip norm)" in section
+    header = next(line for line in section.splitlines() if line.startswith("| method |"))
+    assert header == "| method | epsilon 3 | non-private | samples/s | peak MB | s/step | wall s |"
+    row = next(line for line in section.splitlines() if line.startswith("| DP-SGD |"))
+    assert row.split(" | ")[1].endswith("(lr 4, clip 0.1)") and row.count("|") == header.count("|")

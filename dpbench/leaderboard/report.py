@@ -165,7 +165,8 @@ def _cost_reference(group: list[Entry], suite: Suite) -> tuple[Entry, str]:
 
 
 def _task_table(task: Task, entries: list[Entry], suite: Suite, selections: Selections) -> list[str]:
-    columns = [f"epsilon {b:g}" for b in suite.budgets]
+    budgets = task.budgets or suite.budgets
+    columns = [f"epsilon {b:g}" for b in budgets]
     lines = ["| method | " + " | ".join(columns) + " | non-private | samples/s | peak MB | s/step | wall s |",
              "|---" * (len(columns) + 6) + "|"]
     notes: list[str] = []
@@ -173,7 +174,7 @@ def _task_table(task: Task, entries: list[Entry], suite: Suite, selections: Sele
         by_eps = {e.epsilon: e for e in group}
         reference, cost_note = _cost_reference(group, suite)
         cells = [_cell_text(task, by_eps.get(b), notes, selections, suite) if None not in by_eps else ""
-                 for b in suite.budgets]
+                 for b in budgets]
         nonprivate = _cell_text(task, by_eps.get(None), notes, selections, suite) if None in by_eps else ""
         lines.append(
             f"| {group[0].label} | " + " | ".join(cells) + f" | {nonprivate} | "
@@ -394,7 +395,7 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         metric = next((e.metric for e in task_entries if e.metric), None)
         lines += [f"### {task.title}", "", f"`{task.name}`: test {metric or 'metric'} "
                   f"({'lower' if metric == 'loss' else 'higher'} is better); each cell: mean [95% interval] over "
-                  "seeds (the tuned learning rate and clip norm).", ""]
+                  f"seeds (the {'recipe' if task.fixed else 'tuned'} learning rate and clip norm).", ""]
         if task.note:
             lines += [task.note, ""]
         if task.fixed:
