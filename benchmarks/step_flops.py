@@ -3,11 +3,11 @@
 A ratio of step times is judged against the ratio of the work the steps must do: a private step that needs eight times
 a non-private step's products cannot run in five times its time by any scheduling of the same kernels. The counter
 covers matrix products, convolutions and the GPU's fused attention; the CPU's fused attention and oneDNN's fused
-recurrent layers, which the non-private steps run on this machine, are registered here with the formulas of the
-products they replace (the math attention's four backward products; an LSTM layer's 2 B T 4H (E + H) forward and
-twice that backward). The library's count of a grouped convolution's weight gradient ignores the groups (torch 2.13:
-256 times too many for the per-sample rule that folds a batch of 256 into the groups), so that formula is replaced.
-Elementwise work is not counted.
+recurrent layers, which the non-private steps run on this machine, are registered here: the attention with torch's
+own formulas for the GPU's kernels (two products forward, five backward, which recomputes the scores), an LSTM layer
+with the products it replaces (2 B T 4H (E + H) forward, twice that backward). The library's count of a grouped
+convolution's weight gradient ignores the groups (torch 2.13: 256 times too many for the per-sample rule that folds a
+batch of 256 into the groups), so that formula is replaced. Elementwise work is not counted.
 """
 
 from __future__ import annotations
@@ -27,10 +27,6 @@ from torch.utils.flop_counter import (
 )
 
 aten = torch.ops.aten
-
-GATES = {2: 4, 3: 3}
-"""oneDNN's recurrent `mode` (cuDNN's numbering: 0 ReLU, 1 tanh, 2 LSTM, 3 GRU) -> gates per hidden unit."""
-
 
 @register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
 def _cpu_attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
