@@ -5,7 +5,9 @@
 3. the memory/throughput frontier of non-private Adam, DP-Adam (ghost norms), DP-Adam with materialized per-sample
    gradients and DP-GRAPE on OPT-1.3B, 6.7B and 2.7B (published shapes, random weights; 64 tokens; the card's whole
    memory as the cap; max_memory_reserved),
-4. DP-Adam's and DP-GRAPE's step time against non-private Adam at the fixed batch, from the frontier's trials.
+4. DP-Adam's and DP-GRAPE's step time against non-private Adam at the fixed batch, from the frontier's trials,
+5. issue 26's ratios on the card (`python -m benchmarks overhead`, one round, CNN and ViT): vanilla and JL r = 10
+   against non-private, Opacus beside them, each step's arithmetic with them.
 
 Writes gpu_check.json after every part (a part cut short by the time budget still leaves the ones before it),
 gpu_check.md (a short table) and the CUDA tests' whole log (cuda_tests.log). `--dry-run` does it all on CPU with the
@@ -115,6 +117,18 @@ def frontier(out: Path, size: Size, cap_gb: float, deadline: Deadline, share: fl
     return part
 
 
+def overhead(out: Path, deadline: Deadline, share: float, dry_run: bool) -> dict:
+    """The overhead benchmark's ratios on this device; its record is copied beside gpu_check.json."""
+    saved, started = ROOT / "bench_results" / "overhead.json", time.time()
+    sizes = ["--models", "cnn", "--steps", "2", "--warmup", "1"] if dry_run else ["--models", "cnn,vit", "--steps",
+                                                                                  "5", "--warmup", "2"]
+    part = _run([sys.executable, "-m", "benchmarks", "overhead", *sizes, "--rounds", "1"], deadline.left() * share)
+    if saved.exists() and saved.stat().st_mtime >= started:  # this run's record, not an earlier one's
+        (out / "overhead.json").write_text(saved.read_text())
+        part["ratios"] = json.loads(saved.read_text())["ratios"]
+    return part
+
+
 def step_time_ratios(rows: list[dict]) -> dict[str, float | None]:
     """A method's step time over non-private Adam's, both at the fixed batch: their samples/s inverted."""
     rates = {row["privatizer"]: row["samples_per_s_at_fixed"] for row in rows}
@@ -129,6 +143,10 @@ def table(record: dict) -> str:
     run = record.get("default_run", {}).get("results")
     if run:
         lines.append(f"default run: {json.dumps(run)}")
+    ratios = record.get("overhead", {}).get("ratios")
+    if ratios:
+        lines += ["", "## issue 26's ratios (one round)", *(f"- {label}: {value:.2f}" if value is not None
+                                                           else f"- {label}: n/a" for label, value in ratios.items())]
     for key, part in record.items():
         if key.startswith("frontier_") and "frontier" in part:
             rows = [FrontierRow(**{**row, "trials": [Trial(**t) for t in row["trials"]]})
@@ -162,7 +180,8 @@ def main() -> None:
         sizes, workers = GPU_SIZES, 8
         cap_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
     parts = [("cuda_tests", lambda: cuda_tests(out, deadline, 0.25, workers)),
-             ("default_run", lambda: default_run(out, deadline, 0.15, args.dry_run))]
+             ("default_run", lambda: default_run(out, deadline, 0.15, args.dry_run)),
+             ("overhead", lambda: overhead(out, deadline, 0.2, args.dry_run))]
     for index, size in enumerate(sizes):
         share = 1.0 / (len(sizes) - index)  # an even split of what is left
         parts.append((f"frontier_{size.name or 'small'}", lambda size=size, share=share: frontier(
