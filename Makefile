@@ -38,7 +38,7 @@ bench: install
 	$(BIN)/pip install -q -e ".[bench]"
 	WANDB_MODE=disabled $(BIN)/python -m benchmarks $(ARGS)
 
-# The CUDA tests, the default run on CUDA and the OPT-1.3B/6.7B/2.7B frontier, in about 8 minutes on one GPU
+# The CUDA tests, the default run on CUDA, the overhead ratios and the OPT frontier, in about 8 minutes on one GPU
 # (benchmarks/gpu_check.py); ARGS=--dry-run runs it all on CPU at small sizes.
 gpu-check: install
 	$(BIN)/python -m benchmarks.gpu_check $(ARGS)
