@@ -122,3 +122,34 @@ def test_an_accuracy_interval_is_shown_within_0_and_100_percent():
     near_zero = Entry("t", "jl", "jl", "JL", 3, metric="accuracy", by_seed={0: 0.0, 1: 0.1, 2: 0.26})
     assert near_zero.interval[0] < 0  # the Student-t interval itself
     assert fmt_entry(near_zero) == "12.0% [0.0, 44.6]"
+
+
+def test_a_paper_setting_s_method_is_judged_under_its_claim(tmp_path):
+    """The papers' own settings run D2P2 as `d2p2_paper_p` and sparse as `sparse_paper` (their thresholds); the claims
+    section must use those cells (issue 28), found by the privatizer their overrides choose."""
+    from dpbench.leaderboard.cells import Outcome
+    from dpbench.leaderboard.summary import summarize
+
+    def cell(method: str, label: str, privatizer: str, seed: int, value: float) -> Outcome:
+        overrides = ["model=cnn_d2p2", "privatizer=vanilla", f"privatizer={privatizer}", f"seed={seed}"]
+        return Outcome({"task": "paper", "method": method, "variant": method, "label": label, "phase": "test",
+                        "epsilon": 1.0, "seed": seed, "lr": 1.0, "clip_norm": 1.0, "overrides": overrides}, "done",
+                       {"test_metric": "accuracy", "test_accuracy": value, "device": "cpu", "step_time_s": 0.1},
+                       None, tmp_path)
+
+    outcomes = [cell("dpsgd", "DP-SGD", "vanilla", s, 0.58 + 0.01 * s) for s in range(3)]
+    outcomes += [cell("d2p2_paper_p", "D2P2-SGD (p = 0.3 d)", "d2p2", s, 0.62 + 0.01 * s) for s in range(3)]
+    entries, _ = summarize(outcomes)
+    (sentence,) = check_claims([("its paper's CNN", entries["paper"], None)], (1.0,), 1.0)
+    assert sentence.startswith("D2P2 (better than DP-SGD, especially at small epsilon), its paper's CNN, on CPU: "
+                               "D2P2-SGD (p = 0.3 d) against the best vanilla method at epsilon 1: 63.0%")
+    assert sentence.endswith(": holds at the smallest budget.")
+
+    def loss(method: str, privatizer: str | None, values: tuple[float, ...]) -> Entry:
+        return Entry("t", method, method, method, 3, metric="loss", by_seed=dict(enumerate(values)),
+                     privatizer=privatizer)
+
+    table = [loss("dpadam", "vanilla", (36.0, 36.1, 36.2)), loss("sparse_paper", "sparse", (36.6, 36.6, 36.7))]
+    (sentence,) = check_claims([("skip-gram pairs", table, None)], (3.0,), 3.0)
+    assert sentence.startswith("sparse (lower word2vec loss than DP-SGD), skip-gram pairs, epsilon 3: sparse_paper")
+    assert sentence.endswith("**does not hold**.")

@@ -41,9 +41,9 @@ def is_better(a: float, b: float, metric: str | None) -> bool:
     return a < b if metric == "loss" else a > b
 
 
-def _find(entries: list[Entry], method: str, epsilon: float | None) -> Entry | None:
+def _find(entries: list[Entry], family: str, epsilon: float | None) -> Entry | None:
     for entry in entries:
-        if entry.method == method and entry.epsilon == epsilon and entry.mean is not None:
+        if entry.family == family and entry.epsilon == epsilon and entry.mean is not None:
             return entry
     return None
 
@@ -99,7 +99,7 @@ def winners(entries: list[Entry], budgets: tuple[float, ...], chance: float | No
 def _jl(task: str, entries: list[Entry], epsilon: float, chance: float | None) -> str | None:
     """Every measured rung against the best baseline: the claim holds if one rung is close (non-inferior) and
     faster per step."""
-    rungs = [e for e in entries if e.method == "jl" and e.epsilon == epsilon]
+    rungs = [e for e in entries if e.family == "jl" and e.epsilon == epsilon]
     if not rungs:
         return None
     base = best_baseline(entries, epsilon)
@@ -163,8 +163,8 @@ def _d2p2(task: str, entries: list[Entry], budgets: tuple[float, ...], chance: f
         verdicts.append(verdict)
         parts.append(f"epsilon {eps:g}: {fmt_entry(d2p2)} vs {base.label} {fmt_entry(base)} "
                      f"({comparison.text() if comparison else 'no common seed'}, {verdict})")
-    return (f"D2P2 (better than DP-SGD, especially at small epsilon), {task}: D2P2-SGD against the best vanilla "
-            f"method at {'; '.join(parts)}: {_verdict(verdicts[0])} at the smallest budget.")
+    return (f"D2P2 (better than DP-SGD, especially at small epsilon), {task}: {pairs[0][1].label} against the best "
+            f"vanilla method at {'; '.join(parts)}: {_verdict(verdicts[0])} at the smallest budget.")
 
 
 def _sparse(task: str, entries: list[Entry], epsilon: float, chance: float | None) -> str | None:
@@ -175,8 +175,8 @@ def _sparse(task: str, entries: list[Entry], epsilon: float, chance: float | Non
         return _at_chance(f"sparse, epsilon {epsilon:g}", task, [sparse, base], chance)
     comparison = paired(sparse, base)
     verdict = better_verdict(comparison) if comparison else UNCLEAR
-    return (f"sparse (lower word2vec loss than DP-SGD), {task}, epsilon {epsilon:g}: test {sparse.metric} "
-            f"{fmt_entry(sparse)} vs {base.label} {fmt_entry(base)} "
+    return (f"sparse (lower word2vec loss than DP-SGD), {task}, epsilon {epsilon:g}: {sparse.label}, test "
+            f"{sparse.metric} {fmt_entry(sparse)} vs {base.label} {fmt_entry(base)} "
             f"({comparison.text() if comparison else 'no common seed'}): {_verdict(verdict)}.")
 
 

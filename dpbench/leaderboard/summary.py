@@ -19,6 +19,12 @@ def _finite(value: object) -> float | None:
     return number if math.isfinite(number) else None
 
 
+def privatizer_of(overrides: list[str]) -> str | None:
+    """The privatizer a cell's overrides choose (the last one wins, as in Hydra)."""
+    chosen = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0].lstrip("+") == "privatizer"]
+    return chosen[-1] if chosen else None
+
+
 def seconds_per_step(results: dict) -> float | None:
     """The profiler's mean step after its warm-up steps: the window samples/s is measured in, so the two columns
     agree. Wall time over steps did not: on the MiniLM head (40 steps of 2 ms) the trainer's fixed costs made the
@@ -50,6 +56,14 @@ class Entry:
     refused: str | None = None
     failed: list[str] = field(default_factory=list)
     pending: int = 0
+    privatizer: str | None = None
+    """The privatizer its cells chose: a paper's own setting runs a method under another name (D2P2 at the paper's
+    projection), and its claim is still D2P2's."""
+
+    @property
+    def family(self) -> str:
+        """The method a paper's claim is about: its privatizer where known, else the suite's method name."""
+        return self.privatizer or self.method
 
     @property
     def values(self) -> list[float]:
@@ -124,14 +138,16 @@ def summarize(outcomes: list[Outcome]) -> tuple[dict[str, list[Entry]], dict[str
             continue
         key = (cell["task"], cell["variant"], cell["epsilon"])
         entry = entries.setdefault(key, Entry(cell["task"], cell["method"], cell["variant"], cell["label"],
-                                              cell["epsilon"], lr=cell["lr"], clip_norm=cell["clip_norm"]))
+                                              cell["epsilon"], lr=cell["lr"], clip_norm=cell["clip_norm"],
+                                              privatizer=privatizer_of(cell.get("overrides", []))))
         _add(entry, outcome)
     for outcome in outcomes:  # a rung refused at the tuning budget has no test cells there: show the refusal
         cell = outcome.cell
         key = (cell["task"], cell["variant"], cell["epsilon"])
         if cell["phase"] == "tune" and outcome.status == "refused" and key not in entries:
             entries[key] = Entry(cell["task"], cell["method"], cell["variant"], cell["label"], cell["epsilon"],
-                                 lr=cell["lr"], clip_norm=cell["clip_norm"], refused=outcome.reason)
+                                 lr=cell["lr"], clip_norm=cell["clip_norm"], refused=outcome.reason,
+                                 privatizer=privatizer_of(cell.get("overrides", [])))
     by_task: dict[str, list[Entry]] = defaultdict(list)
     for entry in entries.values():
         by_task[entry.task].append(entry)
