@@ -237,3 +237,39 @@ def test_a_published_recipe_shows_only_its_own_budgets(tmp_path):
     assert header == "| method | epsilon 3 | non-private | samples/s | peak MB | s/step | wall s |"
     row = next(line for line in section.splitlines() if line.startswith("| DP-SGD |"))
     assert row.split(" | ")[1].endswith("(lr 4, clip 0.1)") and row.count("|") == header.count("|")
+
+
+def test_long_task_titles_wrap_instead_of_running_into_the_next_panel():
+    import matplotlib.pyplot as plt
+
+    from dpbench.leaderboard.plots import TITLE_WIDTH, draw_epsilon
+
+    title = ("pretrained MiniLM (22.7M) fine-tuned privately with DP-LoRA (74.5K trainable), on Rotten Tomatoes "
+             "sentences")
+    entry = Entry("t", "dpadam", "dpadam", "DP-Adam", 3, metric="accuracy", by_seed={0: 0.77, 1: 0.78, 2: 0.76})
+    figure, axes = plt.subplots()
+    assert draw_epsilon(axes, [entry], title, 1e-5, legend=False)
+    lines = axes.get_title().splitlines()
+    assert len(lines) == 2 and max(len(line) for line in lines) <= TITLE_WIDTH and " ".join(lines) == title
+    plt.close(figure)
+
+
+def test_a_published_figure_is_drawn_beside_the_cell_that_reproduces_it():
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    from dpbench.leaderboard.plots import PUBLISHED, draw_epsilon
+    from dpbench.report.style import style_of
+
+    entries = [Entry("t", "dpsgd", "dpsgd", "DP-SGD", 1, metric="accuracy", by_seed={0: 0.58, 1: 0.59, 2: 0.6}),
+               Entry("t", "d2p2_paper_p", "d2p2_paper_p", "D2P2-SGD (p = 0.3 d)", 1, metric="accuracy",
+                     by_seed={0: 0.61, 1: 0.62, 2: 0.6})]
+    figure, axes = plt.subplots()
+    assert draw_epsilon(axes, entries, "its paper's CNN", 1e-5, published=[("d2p2_paper_p", 1.0, 0.7132),
+                                                                           ("dpsgd", 1.0, 0.691)])
+    stars = [line for line in axes.get_lines() if line.get_marker() == "*"]
+    assert [(line.get_xdata()[0], line.get_ydata()[0]) for line in stars] == [(1.0, 0.7132), (1.0, 0.691)]
+    assert to_rgba(stars[0].get_color()) == to_rgba(style_of("D2P2-SGD (p = 0.3 d)").colour)
+    assert axes.get_legend_handles_labels()[1].count(PUBLISHED) == 1
+    assert axes.get_ylim()[1] >= 0.7132  # the axis reaches the published level
+    plt.close(figure)

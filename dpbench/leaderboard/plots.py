@@ -9,6 +9,7 @@ metric; a front that dominates nothing is not drawn.
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 from pathlib import Path
 
@@ -21,6 +22,8 @@ from dpbench.leaderboard.summary import Entry  # noqa: E402
 from dpbench.report.style import style_of  # noqa: E402
 
 LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "fontsize": 7, "frameon": False}
+TITLE_WIDTH = 60
+"""Characters a line of a panel's title holds: longer task titles ran into their neighbours in the headline figure."""
 
 
 def _axis_label(metric: str) -> str:
@@ -34,8 +37,22 @@ def _error(entries: list[Entry]) -> list[list[float]]:
     return [below, above]
 
 
-def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: bool = True) -> bool:
-    """Mean and 95% interval over seeds against epsilon, one line per variant; non-private as a dashed line."""
+PUBLISHED = "published figure (star, in its method's colour)"
+Published = tuple[str, float, float]
+"""A paper's number this task reproduces: (the method's suite name, epsilon, value)."""
+
+
+def _draw_published(axes, entries: list[Entry], published: list[Published]) -> None:
+    labels = {entry.method: entry.label for entry in entries}
+    for index, (method, epsilon, value) in enumerate(published):
+        axes.plot([epsilon], [value], linestyle="none", marker="*", markersize=13, markeredgecolor="black",
+                  color=style_of(labels.get(method, method)).colour, label=PUBLISHED if index == 0 else "_nolegend_")
+
+
+def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: bool = True,
+                 published: list[Published] | None = None) -> bool:
+    """Mean and 95% interval over seeds against epsilon, one line per variant; non-private as a dashed line; the
+    papers' figures that the task reproduces as stars beside them."""
     lines: dict[str, list[Entry]] = defaultdict(list)
     metric = None
     for entry in entries:
@@ -53,6 +70,7 @@ def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: b
                       marker=style.marker, color=style.colour, capsize=3, label=label)
     if metric is None:
         return False
+    _draw_published(axes, entries, published or [])
     axes.set_xscale("log")
     budgets = sorted({e.epsilon for e in entries if e.epsilon is not None})
     axes.set_xticks(budgets, [f"{b:g}" for b in budgets])
@@ -60,7 +78,7 @@ def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: b
     axes.ticklabel_format(axis="y", useOffset=False)
     axes.set_xlabel(f"epsilon (delta {delta:g})")
     axes.set_ylabel(_axis_label(metric))
-    axes.set_title(title, fontsize=9)
+    axes.set_title(textwrap.fill(title, TITLE_WIDTH, break_on_hyphens=False), fontsize=9)
     axes.grid(alpha=0.3)
     if legend:
         axes.legend(**LEGEND)
@@ -117,9 +135,10 @@ def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str) -> bool:
     return True
 
 
-def epsilon_plot(entries: list[Entry], title: str, delta: float, path: Path) -> Path | None:
+def epsilon_plot(entries: list[Entry], title: str, delta: float, path: Path,
+                 published: list[Published] | None = None) -> Path | None:
     figure, axes = plt.subplots(figsize=(7.5, 4))
-    drawn = draw_epsilon(axes, entries, title, delta)
+    drawn = draw_epsilon(axes, entries, title, delta, published=published)
     return _save(figure, path) if drawn else _discard(figure)
 
 
@@ -133,13 +152,15 @@ def cost_plot(entries: list[Entry], epsilon: float, title: str, path: Path) -> P
         return _discard(figure)
     handles, labels = right.get_legend_handles_labels()
     right.legend(handles, labels, **LEGEND)
-    figure.suptitle(f"{title}, epsilon {epsilon:g}: mean and 95% interval over seeds; cost: median over seeds, x "
-                    "whisker its range", fontsize=9)
+    figure.suptitle(textwrap.fill(f"{title}, epsilon {epsilon:g}: mean and 95% interval over seeds; cost: median "
+                                  "over seeds, x whisker its range", 2 * TITLE_WIDTH, break_on_hyphens=False),
+                    fontsize=9)
     return _save(figure, path)
 
 
-def headline_plot(panels: list[tuple[str, list[Entry], float]], path: Path) -> Path | None:
-    """Every task's metric-vs-epsilon panel (title, entries, delta) in one figure, one legend for all of them."""
+def headline_plot(panels: list[tuple[str, list[Entry], float, list[Published]]], path: Path) -> Path | None:
+    """Every task's metric-vs-epsilon panel (title, entries, delta, published figures) in one figure, one legend for
+    all of them."""
     panels = [panel for panel in panels if any(e.mean is not None for e in panel[1])]
     if not panels:
         return None
@@ -147,8 +168,8 @@ def headline_plot(panels: list[tuple[str, list[Entry], float]], path: Path) -> P
     rows = -(-len(panels) // columns)
     figure, grid = plt.subplots(rows, columns, figsize=(5.5 * columns + 2.5, 4 * rows), squeeze=False)
     legend: dict[str, object] = {}
-    for axes, (title, entries, delta) in zip(grid.flat, panels, strict=False):
-        draw_epsilon(axes, entries, title, delta, legend=False)
+    for axes, (title, entries, delta, published) in zip(grid.flat, panels, strict=False):
+        draw_epsilon(axes, entries, title, delta, legend=False, published=published)
         for handle, label in zip(*axes.get_legend_handles_labels(), strict=True):
             legend.setdefault(label, handle)
     for axes in list(grid.flat)[len(panels):]:

@@ -408,11 +408,13 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         if best:
             lines += ["Winner per budget (paired over seeds against the best vanilla method):", "",
                       *(f"- {line}" for line in best), ""]
-        for figure in (epsilon_plot(task_entries, task.title, task.delta, figures / f"{task.name}_epsilon.png"),
+        published = [(a.method, a.epsilon, a.value) for a in task.anchors if a.epsilon is not None]
+        for figure in (epsilon_plot(task_entries, task.title, task.delta, figures / f"{task.name}_epsilon.png",
+                                    published),
                        cost_plot(task_entries, suite.tune_epsilon, task.title, figures / f"{task.name}_cost.png")):
             if figure:
                 lines += [f"![{figure.stem}](leaderboard/{figure.name})", ""]
-        panels.append((task.title, task_entries, task.delta))
+        panels.append((task.title, task_entries, task.delta, published))
         glance.append((task, task_entries))
         claim_inputs.append((task.title, task_entries, task.chance))
     if cost_only:
