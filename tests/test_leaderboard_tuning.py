@@ -267,9 +267,9 @@ def test_a_published_figure_is_drawn_beside_the_cell_that_reproduces_it():
     figure, axes = plt.subplots()
     assert draw_epsilon(axes, entries, "its paper's CNN", 1e-5, published=[("d2p2_paper_p", 1.0, 0.7132),
                                                                            ("dpsgd", 1.0, 0.691)])
-    stars = [line for line in axes.get_lines() if line.get_marker() == "*"]
-    assert [(line.get_xdata()[0], line.get_ydata()[0]) for line in stars] == [(1.0, 0.7132), (1.0, 0.691)]
-    assert to_rgba(stars[0].get_color()) == to_rgba(style_of("D2P2-SGD (p = 0.3 d)").colour)
+    dashes = [line for line in axes.get_lines() if line.get_gid() == "published"]
+    assert [(line.get_xdata()[0], line.get_ydata()[0]) for line in dashes] == [(1.0, 0.7132), (1.0, 0.691)]
+    assert to_rgba(dashes[0].get_color()) == to_rgba(style_of("D2P2-SGD (p = 0.3 d)").colour)
     assert axes.get_legend_handles_labels()[1].count(PUBLISHED) == 1
     assert axes.get_ylim()[1] >= 0.7132  # the axis reaches the published level
     plt.close(figure)

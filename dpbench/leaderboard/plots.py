@@ -37,22 +37,24 @@ def _error(entries: list[Entry]) -> list[list[float]]:
     return [below, above]
 
 
-PUBLISHED = "published figure (star, in its method's colour)"
+PUBLISHED = "published figure (wide dash, in its method's colour)"
 Published = tuple[str, float, float]
 """A paper's number this task reproduces: (the method's suite name, epsilon, value)."""
 
 
 def _draw_published(axes, entries: list[Entry], published: list[Published]) -> None:
     labels = {entry.method: entry.label for entry in entries}
-    for index, (method, epsilon, value) in enumerate(published):
-        axes.plot([epsilon], [value], linestyle="none", marker="*", markersize=13, markeredgecolor="black",
-                  color=style_of(labels.get(method, method)).colour, label=PUBLISHED if index == 0 else "_nolegend_")
+    for method, epsilon, value in published:
+        axes.plot([epsilon], [value], linestyle="none", marker="_", markersize=28, markeredgewidth=3, gid="published",
+                  color=style_of(labels.get(method, method)).colour, label="_nolegend_")
+    if published:  # the legend's handle: a short thick line (the dash itself would overflow it)
+        axes.plot([], [], color="black", linewidth=3, label=PUBLISHED)
 
 
 def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: bool = True,
                  published: list[Published] | None = None) -> bool:
     """Mean and 95% interval over seeds against epsilon, one line per variant; non-private as a dashed line; the
-    papers' figures that the task reproduces as stars beside them."""
+    papers' figures that the task reproduces as wide dashes at their level (every filled marker is a method's)."""
     lines: dict[str, list[Entry]] = defaultdict(list)
     metric = None
     for entry in entries:
