@@ -6,8 +6,9 @@
    gradients and DP-GRAPE on OPT-1.3B, 6.7B and 2.7B (published shapes, random weights; 64 tokens; the card's whole
    memory as the cap; max_memory_reserved),
 4. DP-Adam's and DP-GRAPE's step time against non-private Adam at the fixed batch, from the frontier's trials,
-5. issue 26's ratios on the card (`python -m benchmarks overhead`, one round, CNN and ViT): vanilla and JL r = 10
-   against non-private, Opacus beside them, each step's arithmetic with them.
+5. issue 26's ratios on the card (`python -m benchmarks overhead`, one round, CNN and ViT, eight fresh processes):
+   vanilla and Opacus against non-private, JL r = 10 against vanilla, each step's arithmetic beside them (the
+   record lands in bench_results/overhead.json, as `make bench` leaves it, and is copied beside gpu_check.json).
 
 Writes gpu_check.json after every part (a part cut short by the time budget still leaves the ones before it),
 gpu_check.md (a short table) and the CUDA tests' whole log (cuda_tests.log). `--dry-run` does it all on CPU with the
@@ -181,7 +182,7 @@ def main() -> None:
         cap_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
     parts = [("cuda_tests", lambda: cuda_tests(out, deadline, 0.25, workers)),
              ("default_run", lambda: default_run(out, deadline, 0.15, args.dry_run)),
-             ("overhead", lambda: overhead(out, deadline, 0.2, args.dry_run))]
+             ("overhead", lambda: overhead(out, deadline, 0.4, args.dry_run))]
     for index, size in enumerate(sizes):
         share = 1.0 / (len(sizes) - index)  # an even split of what is left
         parts.append((f"frontier_{size.name or 'small'}", lambda size=size, share=share: frontier(

@@ -28,12 +28,17 @@ from torch.utils.flop_counter import (
 
 aten = torch.ops.aten
 
-@register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu)
+def _where_missing(target):
+    """Register a formula only where torch has none (a later torch that counts these ops keeps its own)."""
+    return register_flop_formula(target) if target not in flop_registry else (lambda formula: formula)
+
+
+@_where_missing(aten._scaled_dot_product_flash_attention_for_cpu)
 def _cpu_attention(query_shape, key_shape, value_shape, *args, out_shape=None, **kwargs) -> int:
     return sdpa_flop_count(query_shape, key_shape, value_shape)
 
 
-@register_flop_formula(aten._scaled_dot_product_flash_attention_for_cpu_backward)
+@_where_missing(aten._scaled_dot_product_flash_attention_for_cpu_backward)
 def _cpu_attention_backward(grad_out_shape, query_shape, key_shape, value_shape, *args, out_shape=None,
                             **kwargs) -> int:
     return sdpa_backward_flop_count(grad_out_shape, query_shape, key_shape, value_shape)
@@ -47,12 +52,12 @@ def recurrent_layer_flops(input_shape: tuple[int, ...], w_ih_shape: tuple[int, .
     return 2 * rows * (math.prod(w_ih_shape) + math.prod(w_hh_shape))
 
 
-@register_flop_formula(aten.mkldnn_rnn_layer)
+@_where_missing(aten.mkldnn_rnn_layer)
 def _recurrent_layer(input_shape, w_ih_shape, w_hh_shape, *args, out_shape=None, **kwargs) -> int:
     return recurrent_layer_flops(input_shape, w_ih_shape, w_hh_shape)
 
 
-@register_flop_formula(aten.mkldnn_rnn_layer_backward)
+@_where_missing(aten.mkldnn_rnn_layer_backward)
 def _recurrent_layer_backward(input_shape, w_ih_shape, w_hh_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * recurrent_layer_flops(input_shape, w_ih_shape, w_hh_shape)  # the inputs' and the weights' gradients
 

@@ -153,3 +153,11 @@ def test_a_paper_setting_s_method_is_judged_under_its_claim(tmp_path):
     (sentence,) = check_claims([("skip-gram pairs", table, None)], (3.0,), 3.0)
     assert sentence.startswith("sparse (lower word2vec loss than DP-SGD), skip-gram pairs, epsilon 3: sparse_paper")
     assert sentence.endswith("**does not hold**.")
+
+
+def test_a_task_running_both_a_method_and_its_paper_variant_is_judged_on_the_method():
+    both = [entry("dpsgd", 1, 0.60), entry("d2p2_paper_p", 1, 0.70, label="D2P2-SGD (p = 0.3 d)"),
+            entry("d2p2", 1, 0.50, label="D2P2-SGD")]
+    both[1].privatizer = both[2].privatizer = "d2p2"
+    (sentence,) = check_claims([("CNN", both, None)], (1.0,), 1.0)
+    assert "CNN, on CPU: D2P2-SGD against the best vanilla method at epsilon 1: 50.0%" in sentence

@@ -12,6 +12,7 @@ from dpbench.leaderboard import Scheduler, build, load_suite
 from dpbench.leaderboard.cells import Outcome
 from dpbench.leaderboard.grid import GridSpec, TuningGrid, optimum_status
 from dpbench.leaderboard.plots import cost_plot
+from dpbench.leaderboard.remaining import remaining
 from dpbench.leaderboard.summary import Entry, summarize
 from dpbench.results import write_json_atomic
 
@@ -211,9 +212,14 @@ def test_a_dry_run_marks_what_is_recorded_and_estimates_the_rest(tmp_path, capsy
     assert on_cnn and len(on_cnn) + 3 == len(to_run)  # the cost-only BiLSTM's three seeds: no cell of it ran
     hours = len(on_cnn) * 1.0 / 3600  # every recorded cell took 1 s here (Simulated's process_wall_s)
     assert lines[-1] == (f"{len(dpsgd)} cells recorded, {len(to_run)} to run at least (grids that grow add more): "
-                         f"about {hours:.1f} h of cell processes, {hours / 2:.1f} h at --jobs 2, from the process "
-                         "times of each task's and method's finished cells; 3 cells of tasks with no finished cell "
-                         "are not in that estimate")
+                         f"about {hours:.1f} h of cell processes, {hours / 2:.1f} h at --jobs 2 at best, from the "
+                         "process times of each task's and method's finished cells; 3 cells of tasks with no finished "
+                         "cell are not in that estimate")
+    planned = Scheduler(suite, root, dry_run=True)
+    planned.run()
+    left = remaining(planned.planned, root)  # the printed hours round to 0.0: the seconds themselves
+    assert (left.recorded_cells, left.cells_to_run, left.unestimated) == (len(dpsgd), len(to_run), 3)
+    assert left.seconds == pytest.approx(len(on_cnn) * 1.0)
 
 
 def test_a_published_recipe_shows_only_its_own_budgets(tmp_path):

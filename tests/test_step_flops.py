@@ -73,18 +73,22 @@ def test_step_gflop_counts_a_linear_step():
     assert step_gflop(lambda: layer(x).sum().backward()) == pytest.approx(2 * 2 * 50 * 300 * 200 / 1e9)
 
 
+@pytest.mark.parametrize("transposed", [False, True])
 @pytest.mark.parametrize("groups", [1, 4])
-def test_grouped_convolution_backward_counts_each_group_once(groups: int):
+def test_grouped_convolution_backward_counts_each_group_once(groups: int, transposed: bool):
     """The grouped convolution's count equals that of its groups run as separate convolutions."""
     torch.manual_seed(0)
     x = torch.randn(3, 8, 10, 10, requires_grad=True)
-    weight = torch.randn(12, 8 // groups, 3, 3, requires_grad=True)
+    # (out, in / groups, k, k) for a convolution, (in, out / groups, k, k) for a transposed one
+    weight = torch.randn(8, 12 // groups, 3, 3) if transposed else torch.randn(12, 8 // groups, 3, 3)
+    weight.requires_grad_()
+    convolution = torch.nn.functional.conv_transpose2d if transposed else torch.nn.functional.conv2d
 
     def grouped() -> None:
-        torch.nn.functional.conv2d(x, weight, stride=2, groups=groups).sum().backward()
+        convolution(x, weight, stride=2, groups=groups).sum().backward()
 
     def separate() -> None:
-        outputs = [torch.nn.functional.conv2d(xs, ws, stride=2)
+        outputs = [convolution(xs, ws, stride=2)
                    for xs, ws in zip(x.chunk(groups, 1), weight.chunk(groups, 0), strict=True)]
         torch.cat(outputs, 1).sum().backward()
 

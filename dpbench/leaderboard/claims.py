@@ -42,7 +42,8 @@ def is_better(a: float, b: float, metric: str | None) -> bool:
 
 
 def _find(entries: list[Entry], family: str, epsilon: float | None) -> Entry | None:
-    for entry in entries:
+    """The method named `family` where the task runs it, else another method of its privatizer (a paper's setting)."""
+    for entry in sorted(entries, key=lambda e: e.method != family):
         if entry.family == family and entry.epsilon == epsilon and entry.mean is not None:
             return entry
     return None

@@ -1,8 +1,8 @@
 """What a suite has left to run and about how long that takes (--dry-run), from the cells it has recorded.
 
-Each cell still to run is estimated by the median process time of the finished cells of its task and method, else of
-its task (a method's trials and seeds train alike; tasks differ by orders of magnitude); a task with no finished cell
-is left unestimated rather than guessed.
+Each cell still to run is estimated by the median wall time of the finished cells' processes (with a cluster
+launcher, their queue wait too) of its task and method, else of its task: a method's trials and seeds train alike,
+and tasks differ by orders of magnitude. A task with no finished cell is left unestimated rather than guessed.
 """
 
 from __future__ import annotations
@@ -17,19 +17,20 @@ from dpbench.leaderboard.cells import CELL_FILE, Cell, recorded
 
 @dataclass
 class Remaining:
-    recorded: int
-    to_run: int
+    recorded_cells: int
+    cells_to_run: int
     seconds: float
-    """Estimated one-thread process time of the cells to run that could be estimated."""
+    """Estimated wall time of the cells to run that could be estimated, one after another."""
     unestimated: int
 
     def describe(self, jobs: int) -> str:
-        if not self.to_run:
-            return f"all {self.recorded} cells are recorded"
+        """At --jobs J the time divides by J at best: fewer pipelines left than jobs divide it by less."""
+        if not self.cells_to_run:
+            return f"all {self.recorded_cells} cells are recorded"
         hours = self.seconds / 3600
-        text = (f"{self.recorded} cells recorded, {self.to_run} to run at least (grids that grow add more): about "
-                f"{hours:.1f} h of cell processes, {hours / jobs:.1f} h at --jobs {jobs}, from the process times of "
-                "each task's and method's finished cells")
+        text = (f"{self.recorded_cells} cells recorded, {self.cells_to_run} to run at least (grids that grow add "
+                f"more): about {hours:.1f} h of cell processes, {hours / jobs:.1f} h at --jobs {jobs} at best, from "
+                "the process times of each task's and method's finished cells")
         if self.unestimated:
             text += f"; {self.unestimated} cells of tasks with no finished cell are not in that estimate"
         return text

@@ -130,7 +130,8 @@ class Scheduler:
                 if self._run(cell) == "refused" and cell.trial == 0:
                     return REFUSED
             if self.dry_run and any(recorded(cell, self.root) is None for cell in cells.values()):
-                return next(iter(cells.values()))  # the choice needs trials that have not run
+                ran = [cell for cell in cells.values() if recorded(cell, self.root)]  # the best guess until all ran
+                return choose(ran, self.root) or next(iter(cells.values()))
             best = choose(list(cells.values()), self.root)
             if best is None:
                 return UNFINISHED
