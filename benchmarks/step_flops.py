@@ -28,6 +28,7 @@ from torch.utils.flop_counter import (
 
 aten = torch.ops.aten
 
+
 def _where_missing(target):
     """Register a formula only where torch has none (a later torch that counts these ops keeps its own)."""
     return register_flop_formula(target) if target not in flop_registry else (lambda formula: formula)

@@ -218,7 +218,7 @@ def test_a_dry_run_marks_what_is_recorded_and_estimates_the_rest(tmp_path, capsy
     planned = Scheduler(suite, root, dry_run=True)
     planned.run()
     left = remaining(planned.planned, root)  # the printed hours round to 0.0: the seconds themselves
-    assert (left.recorded_cells, left.cells_to_run, left.unestimated) == (len(dpsgd), len(to_run), 3)
+    assert (left.recorded_cells, len(left.to_run), left.unestimated) == (len(dpsgd), len(to_run), 3)
     assert left.seconds == pytest.approx(len(on_cnn) * 1.0)
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 import yaml
 
 from dpbench.errors import ConfigurationError
-from dpbench.leaderboard.cells import recorded
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, LAUNCHER_NAMES, make_launcher
 from dpbench.leaderboard.private_tuning import (
     DEFAULT_SCORE_NOISE,
@@ -150,9 +149,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.dry_run:
         scheduler = Scheduler(suite, root, dry_run=True)
         scheduler.run()
+        left = remaining(scheduler.planned, root)
+        pending = {id(cell) for cell in left.to_run}
         for cell in scheduler.planned:
-            print(f"{'recorded' if recorded(cell, root) else 'to run':>8}  {cell.directory(root)}")
-        print(remaining(scheduler.planned, root).describe(args.jobs)
+            print(f"{'to run' if id(cell) in pending else 'recorded':>8}  {cell.directory(root)}")
+        print(left.describe(args.jobs)
               + ("; with --private-tuning each private method's trials are a secret random number instead of its "
                  "grid's first range" if tuning else ""))
         return 0

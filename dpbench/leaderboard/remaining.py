@@ -18,17 +18,17 @@ from dpbench.leaderboard.cells import CELL_FILE, Cell, recorded
 @dataclass
 class Remaining:
     recorded_cells: int
-    cells_to_run: int
+    to_run: list[Cell]
     seconds: float
     """Estimated wall time of the cells to run that could be estimated, one after another."""
     unestimated: int
 
     def describe(self, jobs: int) -> str:
         """At --jobs J the time divides by J at best: fewer pipelines left than jobs divide it by less."""
-        if not self.cells_to_run:
+        if not self.to_run:
             return f"all {self.recorded_cells} cells are recorded"
         hours = self.seconds / 3600
-        text = (f"{self.recorded_cells} cells recorded, {self.cells_to_run} to run at least (grids that grow add "
+        text = (f"{self.recorded_cells} cells recorded, {len(self.to_run)} to run at least (grids that grow add "
                 f"more): about {hours:.1f} h of cell processes, {hours / jobs:.1f} h at --jobs {jobs} at best, from "
                 "the process times of each task's and method's finished cells")
         if self.unestimated:
@@ -63,4 +63,4 @@ def remaining(cells: list[Cell], root: Path) -> Remaining:
             total += statistics.median(samples)
         else:
             unestimated += 1
-    return Remaining(len(cells) - len(to_run), len(to_run), total, unestimated)
+    return Remaining(len(cells) - len(to_run), to_run, total, unestimated)

@@ -129,9 +129,10 @@ class Scheduler:
                 cells[(lr, clip)] = cell
                 if self._run(cell) == "refused" and cell.trial == 0:
                     return REFUSED
-            if self.dry_run and any(recorded(cell, self.root) is None for cell in cells.values()):
-                ran = [cell for cell in cells.values() if recorded(cell, self.root)]  # the best guess until all ran
-                return choose(ran, self.root) or next(iter(cells.values()))
+            if self.dry_run:
+                ran = [cell for cell in cells.values() if recorded(cell, self.root)]
+                if len(ran) < len(cells):  # the best guess until every trial has run
+                    return choose(ran, self.root) or next(iter(cells.values()))
             best = choose(list(cells.values()), self.root)
             if best is None:
                 return UNFINISHED

@@ -173,12 +173,18 @@ def _grid(raw: dict[str, Any], where: str) -> GridSpec:
         raise ConfigurationError(f"{where}.tuning lacks {missing}") from None
 
 
+def privatizer_of(overrides: list[str] | tuple[str, ...]) -> str | None:
+    """The privatizer a method's or cell's overrides choose (the last one wins, as in Hydra)."""
+    chosen = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0].lstrip("+") == "privatizer"]
+    return chosen[-1] if chosen else None
+
+
 def _labelled(method: Method, task_optimizer: str) -> Method:
     """A method without a label of its own is named with the optimizer it runs with on the task (non-private SGD,
     DP-Adam-JL): `optimizer: task` alone would hide which."""
     if method.label:
         return method
-    privatizer = next((o.split("=", 1)[1] for o in method.overrides if o.startswith("privatizer=")), method.name)
+    privatizer = privatizer_of(method.overrides) or method.name
     optimizer = task_optimizer if method.optimizer == "task" else method.optimizer
     return replace(method, label=method_label(privatizer, optimizer))
 

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 from statistics import mean, median, stdev
 
 from dpbench.leaderboard.cells import Outcome
+from dpbench.leaderboard.suite import privatizer_of
 from dpbench.report.stats import interval95
 
 
@@ -17,12 +18,6 @@ def _finite(value: object) -> float | None:
     except (TypeError, ValueError):
         return None
     return number if math.isfinite(number) else None
-
-
-def privatizer_of(overrides: list[str]) -> str | None:
-    """The privatizer a cell's overrides choose (the last one wins, as in Hydra)."""
-    chosen = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0].lstrip("+") == "privatizer"]
-    return chosen[-1] if chosen else None
 
 
 def seconds_per_step(results: dict) -> float | None:
