@@ -279,3 +279,29 @@ def test_a_published_figure_is_drawn_beside_the_cell_that_reproduces_it():
     assert axes.get_legend_handles_labels()[1].count(PUBLISHED) == 1
     assert axes.get_ylim()[1] >= 0.7132  # the axis reaches the published level
     plt.close(figure)
+
+
+def test_two_non_private_baselines_in_one_task_are_told_apart_in_both_figures():
+    """D2P2's CNN task has a non-private SGD and a non-private Adam ceiling: one black line for both hid which."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+
+    from dpbench.leaderboard.plots import _draw_cost, draw_epsilon
+    from dpbench.report.style import style_of
+
+    def entry(method: str, label: str, epsilon: float | None, accuracy: float) -> Entry:
+        return Entry("t", method, method, label, epsilon, metric="accuracy",
+                     by_seed={0: accuracy, 1: accuracy + 0.01, 2: accuracy - 0.01}, peak_mb=[300, 301, 302],
+                     step_s=[0.3, 0.31, 0.32])
+
+    entries = [entry("nonprivate", "non-private SGD", None, 0.5),
+               entry("nonprivate_adam", "non-private Adam", None, 0.8), entry("dpsgd", "DP-SGD", 3, 0.7)]
+    figure, (left, right) = plt.subplots(1, 2)
+    assert draw_epsilon(left, entries, "D2P2's CNN", 1e-5) and _draw_cost(right, entries, "step_s", "s")
+    ceilings = {line.get_label(): to_rgba(line.get_color()) for line in left.get_lines()}  # the dashed lines
+    stars = {bars.get_label(): to_rgba(bars.lines[0].get_color()) for bars in right.containers}
+    expected = {label: to_rgba(style_of(label).colour) for label in ("non-private SGD", "non-private Adam")}
+    assert expected["non-private SGD"] != expected["non-private Adam"]
+    for drawn in (ceilings, stars):
+        assert {label: drawn[label] for label in expected} == expected
+    plt.close(figure)

@@ -1,10 +1,11 @@
 """The leaderboard's figures: metric vs epsilon per method, and metric vs memory / time with a Pareto front.
 
-Every method keeps one colour and marker in every figure (dpbench.report.style, keyed by its label); error bars
-are the 95% interval over seeds; legends sit outside the axes. A Pareto front is drawn only where it separates
-points by more than the measurement spread: one point dominates another only when it is cheaper by more than both
-points' spread of that cost over their seeds (each seed repeats the cell's cost measurement) and no worse on the
-metric; a front that dominates nothing is not drawn.
+Every method keeps one colour and marker in every figure (dpbench.report.style, keyed by its label), non-private
+baselines included (a dashed line, a star), so that two of them in one task stay apart; error bars are the 95%
+interval over seeds; legends sit outside the axes. A Pareto front is drawn only where it separates points by more
+than the measurement spread: one point dominates another only when it is cheaper by more than both points' spread
+of that cost over their seeds (each seed repeats the cell's cost measurement) and no worse on the metric; a front
+that dominates nothing is not drawn.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: b
             continue
         metric = entry.metric
         if entry.epsilon is None:
-            axes.axhline(entry.mean, color="black", linestyle="--", linewidth=1, label=entry.label)
+            axes.axhline(entry.mean, color=style_of(entry.label).colour, linestyle="--", linewidth=1, label=entry.label)
         else:
             lines[entry.label].append(entry)
     for label, points in lines.items():
@@ -110,7 +111,7 @@ def pareto(points: list[tuple[float, float, str, float]], maximize: bool) -> lis
 
 
 def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str) -> bool:
-    """Each method as its own marker with its interval; non-private as a grey star; the front only where it
+    """Each method as its own marker with its interval; non-private as a star in its colour; the front only where it
     separates points by more than their spread."""
     measured = [e for e in entries if e.mean is not None and e.cost(cost) is not None]
     if not measured:
@@ -119,7 +120,7 @@ def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str) -> bool:
     for entry in measured:
         if entry.epsilon is None:
             axes.errorbar([entry.cost(cost)], [entry.mean], yerr=_error([entry]), marker="*", markersize=12,
-                          color="grey", linestyle="none", label=entry.label, zorder=3)
+                          color=style_of(entry.label).colour, linestyle="none", label=entry.label, zorder=3)
             continue
         style = style_of(entry.label)
         axes.errorbar([entry.cost(cost)], [entry.mean], yerr=_error([entry]), xerr=_cost_range(entry, cost),
