@@ -245,6 +245,27 @@ def test_a_published_recipe_shows_only_its_own_budgets(tmp_path):
     assert row.split(" | ")[1].endswith("(lr 4, clip 0.1)") and row.count("|") == header.count("|")
 
 
+def test_a_task_runs_those_of_its_own_budgets_that_the_profile_runs(tmp_path):
+    """D2P2's setting is anchored at epsilon 1 and 8 only: the full profile runs both, a smoke profile without 8 the
+    one it has, and a task left with none is refused by name. Its costs come from a budget it ran, and say which."""
+    def with_budgets(budgets: str) -> str:
+        own = f"    budgets: {budgets}\n"
+        return SUITE.replace("    cost_only: true\n", "    cost_only: true\n" + own, 1).replace(
+            "    anchors:\n", own + "    anchors:\n", 1)
+
+    suite = _suite(tmp_path, with_budgets("[1, 8]"))
+    assert {task.name: task.budgets for task in suite.tasks} == {"cnn": (1.0,), "lstm": (1.0,)}
+    with pytest.raises(ConfigurationError, match=r"tasks.cnn.budgets \[8\] has none of profile 'p'"):
+        _suite(tmp_path, with_budgets("[8]"))
+    root, docs = tmp_path / "cells", tmp_path / "docs"
+    Simulated(suite, root).run()
+    section = build(suite, root, docs, "pytest").read_text().split("### CNN (26K)")[1].split("###")[0]
+    header = next(line for line in section.splitlines() if line.startswith("| method |"))
+    assert header.startswith("| method | epsilon 1 | non-private |")
+    row = next(line for line in section.splitlines() if line.startswith("| DP-SGD |"))
+    assert "(at epsilon 1)" in row
+
+
 def test_long_task_titles_wrap_instead_of_running_into_the_next_panel():
     import matplotlib.pyplot as plt
 

@@ -173,6 +173,18 @@ def _grid(raw: dict[str, Any], where: str) -> GridSpec:
         raise ConfigurationError(f"{where}.tuning lacks {missing}") from None
 
 
+def _task_budgets(task: str, own: list[float] | None, profile_budgets: list[float], profile: str,
+                  where: Path) -> tuple[float, ...] | None:
+    """Those of a task's own budgets that the profile runs (a smoke profile runs fewer); none left is an error."""
+    if own is None:
+        return None
+    kept = tuple(float(b) for b in own if float(b) in {float(p) for p in profile_budgets})
+    if not kept:
+        raise ConfigurationError(f"{where}: tasks.{task}.budgets {list(own)} has none of profile {profile!r}'s budgets "
+                                 f"{list(profile_budgets)}: add one of them to the task's budgets")
+    return kept
+
+
 def privatizer_of(overrides: list[str] | tuple[str, ...]) -> str | None:
     """The privatizer a method's or cell's overrides choose (the last one wins, as in Hydra)."""
     chosen = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0].lstrip("+") == "privatizer"]
@@ -225,11 +237,8 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
             note=spec.get("note"), chance=None if spec.get("chance") is None else float(spec["chance"]),
             anchors=_anchors(task_name, spec.get("anchors", []), path), cost_only=bool(spec.get("cost_only", False)),
             fixed=_fixed(task_name, spec.get("fixed"), path),
-            budgets=None if spec.get("budgets") is None else tuple(float(b) for b in spec["budgets"]),
+            budgets=_task_budgets(task_name, spec.get("budgets"), chosen["budgets"], profile, path),
         ))
-        if tasks[-1].budgets and not set(tasks[-1].budgets) <= set(float(b) for b in chosen["budgets"]):
-            raise ConfigurationError(f"{path}: tasks.{task_name}.budgets {list(tasks[-1].budgets)} are not all among "
-                                     f"profile {profile!r}'s budgets {chosen['budgets']}")
     tune_epsilon = float(chosen["tune_epsilon"])
     budgets = tuple(float(b) for b in chosen["budgets"])
     if tune_epsilon not in budgets:
