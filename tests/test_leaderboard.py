@@ -122,7 +122,7 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path):
 
     markdown = build(suite, root, docs, "pytest").read_text()
     rows = list(csv.DictReader((docs / "leaderboard" / "cells.csv").open()))
-    assert len(rows) == 8 and "left out: 1 cell(s) of methods or rungs the suite no longer names" in markdown
+    assert len(rows) == 8 and "left out: 1 cell(s) of methods, rungs or budgets the suite no longer runs" in markdown
     for row in rows:
         if row["status"] == "done":
             results = json.loads((root / row["cell"] / "results.json").read_text())

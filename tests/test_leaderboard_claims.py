@@ -80,6 +80,9 @@ def test_grape_d2p2_and_sparse_verdicts():
     assert "0.60x its peak memory" in grape and grape.endswith(": holds.")
     assert d2p2.startswith("D2P2") and d2p2.endswith(": holds at the smallest budget.")
     assert d2p2_worse.endswith("**does not hold** at the smallest budget.")
+    unstable = [entry("dpsgd", 1, 0.70), entry("d2p2", 1, 0.33, jitter=(-0.23, -0.23, 0.46))]
+    (sentence,) = check_claims([("FMNIST", unstable, None)], (1,), 3)  # D2P2 diverged on two seeds of three
+    assert sentence.endswith(": not distinguishable at the smallest budget.")
     heavy = check_claims([("ViT", [entry("dpadam", 3, 0.70, peak_mb=200),
                                    entry("grape", 3, 0.69, peak_mb=190)], None)], (3,), 3)
     assert heavy[0].endswith("**does not hold**.")  # 0.95x memory is not "far less"
@@ -116,12 +119,6 @@ def test_jl_without_timings_cannot_be_checked():
     untimed = entry("jl", 3, 0.89, label="JL (r=10)")
     untimed.step_s = []
     assert jl_sentence([untimed]).endswith("cannot be checked, no rung recorded its time per step.")
-
-
-def test_an_accuracy_interval_is_shown_within_0_and_100_percent():
-    near_zero = Entry("t", "jl", "jl", "JL", 3, metric="accuracy", by_seed={0: 0.0, 1: 0.1, 2: 0.26})
-    assert near_zero.interval[0] < 0  # the Student-t interval itself
-    assert fmt_entry(near_zero) == "12.0% [0.0, 44.6]"
 
 
 def test_a_paper_setting_s_method_is_judged_under_its_claim(tmp_path):
@@ -161,3 +158,17 @@ def test_a_task_running_both_a_method_and_its_paper_variant_is_judged_on_the_met
     both[1].privatizer = both[2].privatizer = "d2p2"
     (sentence,) = check_claims([("CNN", both, None)], (1.0,), 1.0)
     assert "CNN, on CPU: D2P2-SGD against the best vanilla method at epsilon 1: 50.0%" in sentence
+
+
+def test_an_accuracy_interval_stays_within_zero_and_one_in_the_table_and_the_figure():
+    """D2P2 on Fashion-MNIST at epsilon 1: 10.0, 10.0 and 79.8% over three seeds; its t interval is [-67, +134]%."""
+    from dpbench.leaderboard.plots import _error
+
+    diverged = entry("d2p2", 1, 0.333, jitter=(-0.233, -0.233, 0.465))
+    assert diverged.interval == (0.0, 1.0)
+    assert fmt_entry(diverged) == "33.3% [0.0, 100.0]"
+    below, above = _error([diverged])
+    assert below[0] == pytest.approx(diverged.mean) and above[0] == pytest.approx(1.0 - diverged.mean)
+    loss = Entry(task="t", method="dpsgd", variant="dpsgd", label="DP-SGD", epsilon=1, metric="loss",
+                 by_seed={0: 0.1, 1: 5.0, 2: 0.2})
+    assert loss.interval[0] < 0  # a loss's interval is the t interval as it is

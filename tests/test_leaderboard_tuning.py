@@ -247,7 +247,8 @@ def test_a_published_recipe_shows_only_its_own_budgets(tmp_path):
 
 def test_a_task_runs_those_of_its_own_budgets_that_the_profile_runs(tmp_path):
     """D2P2's setting is anchored at epsilon 1 and 8 only: the full profile runs both, a smoke profile without 8 the
-    one it has, and a task left with none is refused by name. Its costs come from a budget it ran, and say which."""
+    one it has, and a task left with none is refused by name. Its costs come from a budget it ran, and say which;
+    cells recorded at a budget since dropped stay out of the report."""
     def with_budgets(budgets: str) -> str:
         own = f"    budgets: {budgets}\n"
         return SUITE.replace("    cost_only: true\n", "    cost_only: true\n" + own, 1).replace(
@@ -258,8 +259,12 @@ def test_a_task_runs_those_of_its_own_budgets_that_the_profile_runs(tmp_path):
     with pytest.raises(ConfigurationError, match=r"tasks.cnn.budgets \[8\] has none of profile 'p'"):
         _suite(tmp_path, with_budgets("[8]"))
     root, docs = tmp_path / "cells", tmp_path / "docs"
+    Simulated(_suite(tmp_path), root).run()  # the task ran epsilon 3 too before its budgets were narrowed
     Simulated(suite, root).run()
-    section = build(suite, root, docs, "pytest").read_text().split("### CNN (26K)")[1].split("###")[0]
+    markdown = build(suite, root, docs, "pytest").read_text()
+    assert "budgets the suite no longer runs" in markdown
+    assert not [line for line in markdown.splitlines() if line.startswith("| CNN (26K) | 3 |")]  # at a glance
+    section = markdown.split("### CNN (26K)")[1].split("###")[0]
     header = next(line for line in section.splitlines() if line.startswith("| method |"))
     assert header.startswith("| method | epsilon 1 | non-private |")
     row = next(line for line in section.splitlines() if line.startswith("| DP-SGD |"))

@@ -26,14 +26,13 @@ def fmt_value(value: float | None, metric: str | None) -> str:
 
 
 def fmt_entry(entry: Entry) -> str:
-    """'92.6% [91.9, 93.3]': the mean and its 95% interval over seeds (an accuracy's within 0-100%, where a
-    Student-t interval over few seeds can reach past them)."""
+    """'92.6% [91.9, 93.3]': the mean and its 95% interval over seeds."""
     text = fmt_value(entry.mean, entry.metric)
     if entry.interval is None:
         return text
     low, high = entry.interval
     if entry.metric == "accuracy":
-        return f"{text} [{100 * max(low, 0.0):.1f}, {100 * min(high, 1.0):.1f}]"
+        return f"{text} [{100 * low:.1f}, {100 * high:.1f}]"
     return f"{text} [{low:.3f}, {high:.3f}]"
 
 
@@ -165,7 +164,12 @@ def _d2p2(task: str, entries: list[Entry], budgets: tuple[float, ...], chance: f
         parts.append(f"epsilon {eps:g}: {fmt_entry(d2p2)} vs {base.label} {fmt_entry(base)} "
                      f"({comparison.text() if comparison else 'no common seed'}, {verdict})")
     return (f"D2P2 (better than DP-SGD, especially at small epsilon), {task}: {pairs[0][1].label} against the best "
-            f"vanilla method at {'; '.join(parts)}: {_verdict(verdicts[0])} at the smallest budget.")
+            f"vanilla method at {'; '.join(parts)}: {_at_smallest(verdicts[0])} at the smallest budget.")
+
+
+def _at_smallest(verdict: str) -> str:
+    """The verdict as it reads before "at the smallest budget" (UNCLEAR's own wording already names a budget)."""
+    return "not distinguishable" if verdict == UNCLEAR else _verdict(verdict)
 
 
 def _sparse(task: str, entries: list[Entry], epsilon: float, chance: float | None) -> str | None:

@@ -8,6 +8,7 @@ import os
 import platform
 from datetime import datetime, timezone
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -299,13 +300,25 @@ def _ratio(value: float | None, base: float | None) -> str:
     return "-" if value is None or not base else f"{value / base:.2f}x"
 
 
+def _planned(suite: Suite, cell: dict[str, Any]) -> bool:
+    """Whether the suite as it stands would run this recorded cell: a method or a budget since dropped from a task
+    (D2P2's setting once ran epsilon 3) is stale, not a result."""
+    for task in suite.tasks:
+        if task.name != cell.get("task"):
+            continue
+        if not any(variant.name == cell.get("variant") for method in task.methods for variant in method.variants()):
+            return False
+        budgets = task.budgets or suite.budgets
+        allowed = {*budgets, *(suite.tuning_budget(b) for b in budgets)}
+        return cell.get("epsilon") is None or float(cell["epsilon"]) in allowed
+    return False
+
+
 def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
     """Write docs/leaderboard.md, docs/leaderboard/cells.csv and the figures; return the markdown's path."""
     root, docs = Path(root), Path(docs)
-    named = {(task.name, variant.name) for task in suite.tasks for method in task.methods
-             for variant in method.variants()}
     found = read_outcomes(root)
-    outcomes = [o for o in found if (o.cell.get("task"), o.cell.get("variant")) in named]
+    outcomes = [o for o in found if _planned(suite, o.cell)]
     stale = len(found) - len(outcomes)
     figures = docs / "leaderboard"
     figures.mkdir(parents=True, exist_ok=True)
@@ -337,7 +350,7 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
         f"- Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from {len(outcomes)} cells "
         f"under `{root}` ({counts['done']} done, {counts['refused']} refused, {counts['failed']} failed, "
         f"{counts['pending']} pending); suite file `{suite.path.name}`"
-        + (f"; left out: {stale} cell(s) of methods or rungs the suite no longer names" if stale else "") + ".",
+        + (f"; left out: {stale} cell(s) of methods, rungs or budgets the suite no longer runs" if stale else "") + ".",
         f"- Machine: {runs[-1]['machine'] if runs else machine()}.",
         f"- Wall time: {cell_wall:.0f} s summed over the cells' processes"
         + (f"; suite invocations: {_invocations(runs)}" if runs else "")
