@@ -178,7 +178,8 @@ def _task_budgets(task: str, own: list[float] | None, profile_budgets: list[floa
     """Those of a task's own budgets that the profile runs (a smoke profile runs fewer); none left is an error."""
     if own is None:
         return None
-    kept = tuple(float(b) for b in own if float(b) in {float(p) for p in profile_budgets})
+    runs = {float(b) for b in profile_budgets}
+    kept = tuple(float(b) for b in own if float(b) in runs)
     if not kept:
         raise ConfigurationError(f"{where}: tasks.{task}.budgets {list(own)} has none of profile {profile!r}'s budgets "
                                  f"{list(profile_budgets)}: add one of them to the task's budgets")
