@@ -3,9 +3,10 @@
 Each case is set up in a new `spawn` process (so its peak memory is its own), timed over `steps` steps after
 `warmup`, and the cases are measured alternately for `rounds` rounds so that load from other processes on a
 shared machine hits all of them alike. Figures are medians over rounds. Each case also reports its minor page faults
-per timed step (host memory): glibc hands large freed blocks back to the kernel, so on CPU every step pays to fault
-its memory in again, which adds the same kind of cost to every case and narrows their ratios; `--keep-freed-memory`
-(glibc told to keep freed memory, for the measured processes) shows the ratios without it. On CPU one more step,
+per timed step (host memory). Every measured process keeps the memory its steps free, as dpbench's runs do
+(dpbench/training/host_memory.py): under glibc's defaults some processes hand large freed blocks back to the kernel
+at every step and fault them in again, which adds up to 40% to a step in one process and nothing in the next;
+`--allocator-defaults` measures under glibc's defaults instead. On CPU one more step,
 profiled, gives "step MB": the tensor memory a step holds at its peak, which the resident peak overstates by what the
 allocator keeps (benchmarks/step_allocation.py). One more step, counted, gives "GFLOP": the arithmetic of its products
 (benchmarks/step_flops.py), the floor against which a ratio of step times is read.
@@ -32,9 +33,10 @@ import torch
 from benchmarks.step_allocation import step_allocated_mb
 from benchmarks.step_flops import step_gflop
 from dpbench.profiling.memory import PeakMemory
+from dpbench.training.host_memory import DEFAULTS, keep_freed_host_memory
 
-KEEP_FREED_MEMORY = {"MALLOC_TRIM_THRESHOLD_": "1000000000", "MALLOC_MMAP_THRESHOLD_": "1000000000"}
-"""glibc settings under which freed memory stays mapped, so no step pays page faults for memory it reuses."""
+ALLOCATOR_DEFAULTS = "DPBENCH_BENCH_ALLOCATOR_DEFAULTS"
+"""Set (by --allocator-defaults) in the environment the measured processes start with: they leave glibc as it is."""
 
 
 def _device() -> torch.device:
@@ -43,6 +45,7 @@ def _device() -> torch.device:
 
 def _measure(module_name: str, case: str, params: dict[str, Any], steps: int, warmup: int, threads: int, queue):
     try:
+        host_memory = DEFAULTS if os.environ.get(ALLOCATOR_DEFAULTS) else keep_freed_host_memory()
         torch.set_num_threads(threads)
         device = _device()
         step = importlib.import_module(module_name).make_step(case, device=device, **params)
@@ -62,7 +65,7 @@ def _measure(module_name: str, case: str, params: dict[str, Any], steps: int, wa
         allocated = step_allocated_mb(step) if device.type == "cpu" else None  # one more step, profiled
         queue.put({"step_time_s": statistics.median(times[warmup:]), "peak_memory_mb": memory.peak_mb,
                    "step_allocated_mb": allocated, "page_faults_per_step": faults,
-                   "step_gflop": _counted_or_none(step)})
+                   "step_gflop": _counted_or_none(step), "host_memory": host_memory})
     except Exception as error:  # reported as a failed case, not a crashed benchmark
         queue.put({"error": f"{type(error).__name__}: {error}"})
 
@@ -158,15 +161,15 @@ def save(name: str, payload: dict) -> Path:
     out = Path("bench_results")
     out.mkdir(exist_ok=True)
     path = out / f"{name}.json"
-    kept = all(os.environ.get(name) == value for name, value in KEEP_FREED_MEMORY.items())
+    host_memory = DEFAULTS if os.environ.get(ALLOCATOR_DEFAULTS) else "freed memory kept (dpbench's runs' setting)"
     payload = {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "machine": machine(),
-               "glibc_keeps_freed_memory": kept, **payload}
+               "host_memory": host_memory, **payload}
     path.write_text(json.dumps(payload, indent=2))
     return path
 
 
 def arguments(description: str, rounds: int = 3, steps: int = 10, warmup: int = 3) -> argparse.Namespace:
-    """The shared command line; --keep-freed-memory applies to the measured processes, which `spawn` starts with
+    """The shared command line; --allocator-defaults applies to the measured processes, which `spawn` starts with
     this process's environment."""
     parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--rounds", type=int, default=rounds)
@@ -174,11 +177,11 @@ def arguments(description: str, rounds: int = 3, steps: int = 10, warmup: int = 
     parser.add_argument("--warmup", type=int, default=warmup)
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--batch-size", type=int, default=None)
-    parser.add_argument("--keep-freed-memory", action="store_true",
-                        help="glibc keeps freed memory mapped: timings without the per-step page faults")
+    parser.add_argument("--allocator-defaults", action="store_true",
+                        help="glibc's own thresholds in the measured processes, not dpbench's (freed memory kept)")
     args = parser.parse_args()
-    if args.keep_freed_memory:
-        os.environ.update(KEEP_FREED_MEMORY)
+    if args.allocator_defaults:
+        os.environ[ALLOCATOR_DEFAULTS] = "1"
     return args
 
 

@@ -43,6 +43,7 @@ from dpbench.training.checkpoint_io import AtomicCheckpointIO
 from dpbench.training.checkpointing import PeriodicCheckpoint, StopSignals
 from dpbench.training.csv_history import HistoryCSVLogger
 from dpbench.training.datamodule import DPDataModule
+from dpbench.training.host_memory import DEFAULTS, keep_freed_host_memory
 from dpbench.training.module import DPModule
 from dpbench.training.progress import RunProgressBar, shows_progress
 from dpbench.training.resume import (
@@ -111,6 +112,8 @@ class PreparedRun:
     plan: PrivacyPlan
     steps: int
     budget_steps: int
+    host_memory: str
+    """What the host allocator does with freed memory in this process (training/host_memory.py)."""
 
 
 def prepare_run(cfg: DictConfig) -> PreparedRun:
@@ -118,6 +121,7 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     typed: Config = validated(Config, cfg, "top-level")
     if typed.trainer.num_threads:
         torch.set_num_threads(typed.trainer.num_threads)
+    host_memory = keep_freed_host_memory() if typed.trainer.keep_freed_host_memory else DEFAULTS
     check_run_settings(typed)
     L.seed_everything(typed.seed, workers=True, verbose=False)  # public: init, dropout; never privacy draws
     randomness = PrivacyRandomness(typed.privacy.seed, typed.privacy.secure_rng)
@@ -133,7 +137,7 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     model = build_model(cfg.model, data)
     plan = make_plan(strategy, typed.privacy, sampling_rate, steps, model, len(data.train))
     budget_steps = _steps_within_budget(typed, plan, strategy, steps)
-    return PreparedRun(typed, data, datamodule, randomness, strategy, model, plan, steps, budget_steps)
+    return PreparedRun(typed, data, datamodule, randomness, strategy, model, plan, steps, budget_steps, host_memory)
 
 
 def _trainer(
@@ -314,6 +318,8 @@ def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> d
         "peak_memory_mb": memory.peak_mb if memory else None,
         "max_memory_reserved_mb": memory.max_memory_reserved_mb if memory else None,
         "memory_method": memory.method if memory else None,
+        "page_faults_per_step": profiler.page_faults_per_step,
+        "host_memory": prepared.host_memory,
         "train_time_s": wall - (epsilon_logger.seconds if epsilon_logger else 0.0),  # the method's, not accounting's
         "device": _device_name(trainer.strategy.root_device),  # the module is back on the CPU once fit returns
         "seed": typed.seed,

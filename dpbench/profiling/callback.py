@@ -7,6 +7,7 @@ out of the peak memory; the throughput counts only the steps' own time anyway.
 
 from __future__ import annotations
 
+import resource
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -71,6 +72,8 @@ class ProfilerCallback(L.Callback):
         self.total_train_time = 0.0
         self._steps_seen = 0
         self._step_started = 0.0
+        self.measured_faults = 0
+        self._faults_at_start = 0
 
     def _sync(self, pl_module: L.LightningModule) -> None:
         if pl_module.device.type == "cuda":
@@ -82,17 +85,20 @@ class ProfilerCallback(L.Callback):
 
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int):
         self._sync(pl_module)
+        self._faults_at_start = _minor_faults()
         self._step_started = time.perf_counter()
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch: Any, batch_idx: int) -> None:
         self._sync(pl_module)
         elapsed = time.perf_counter() - self._step_started
+        faults = _minor_faults() - self._faults_at_start
         self.total_train_time += elapsed
         self._steps_seen += 1
         if self._steps_seen > self.warmup_steps:
             self.measured_time += elapsed
             self.measured_samples += int(batch[1].shape[0])
             self.measured_steps += 1
+            self.measured_faults += faults
 
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.memory is not None:
@@ -104,14 +110,25 @@ class ProfilerCallback(L.Callback):
     def samples_per_s(self) -> float | None:
         return self.measured_samples / self.measured_time if self.measured_time > 0 else None
 
+    @property
+    def page_faults_per_step(self) -> float | None:
+        """Host memory a step faults in (training/host_memory.py): the cost of the allocator returning what steps
+        free, beside the step's time."""
+        return self.measured_faults / self.measured_steps if self.measured_steps else None
+
     def summary(self) -> dict[str, float]:
         summary: dict[str, float] = {"profile/measured_steps": float(self.measured_steps)}
         if self.samples_per_s is not None:
             summary["profile/samples_per_s"] = self.samples_per_s
             summary["profile/step_time_s"] = self.measured_time / self.measured_steps
+            summary["profile/page_faults_per_step"] = self.page_faults_per_step
         if self.memory is not None and self.memory.peak_mb is not None:
             summary["profile/peak_memory_mb"] = self.memory.peak_mb
         return summary
+
+
+def _minor_faults() -> int:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
 @contextmanager
