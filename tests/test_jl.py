@@ -290,7 +290,7 @@ def test_a_nan_sample_is_dropped_and_the_rest_keep_matching_masks(build):
 
 @pytest.mark.parametrize(("free_mb", "expected"), [
     (None, [4, 4, 1]),  # memory unknown: four directions a pass
-    (1e6, [4, 4, 1]),
+    (1e6, [9]),  # all of them in one pass
     (3.0, [3, 3, 3]),  # half of 3 MB holds three directions of 0.5 MB
     (0.1, [1] * 9),  # not even one: one direction a pass
 ])

@@ -9,16 +9,16 @@ materialized, so it is black-box for any model and its memory stays close to non
 The sensitivity is random (C * sqrt(r / chi2_r)), so each step is accounted as the chi-square mixture of
 subsampled Gaussians of Theorems 2.2-2.3 (dpbench.privacy.mixture), never as the plain subsampled Gaussian.
 
-Speed: the first direction runs as a dual forward pass whose primal keeps its autograd graph, so the backward
-reuses that forward; the other directions run without a graph, batched with vmap over the tangents, so the primal is
+Speed: the first direction runs as a dual forward pass whose primal keeps its autograd graph, so the backward reuses
+that forward; the other directions run without a graph, batched with vmap over the tangents, so the primal is
 computed once per chunk of directions (a chunk of one runs as a plain dual pass, which skips functorch's per-op
-wrapping). By default a chunk holds DIRECTIONS_PER_PASS directions, fewer where half the free memory holds fewer,
-judged from the activations the graph pass saved. (A plain graph forward followed by all r directions graph-free was
-measured too, 2026-11-26, one thread: no faster on the CNN, 156 against 152 ms a step, and 9% slower on the ViT:
-the dual pass's graph costs less than one more tangent.) Recurrent models run
-every direction graph-free, because the fused LSTM kernels (oneDNN, cuDNN) have no forward-mode AD: the graph
-forward runs first on the fused kernel and records each nn.LSTM call, then in the jvp pass every nn.LSTM reuses its
-recorded result as the primal and gets its tangents from a linearised recurrence shared by the r directions
+wrapping). By default one chunk holds all the other directions, or as many as half the free memory holds, judged from
+the activations the graph pass saved (UNKNOWN_MEMORY_DIRECTIONS where the free memory is unknown). (A plain graph
+forward followed by all r directions graph-free was measured too, 2026-11-26, one thread: no faster on the CNN, 156
+against 152 ms a step, and 9% slower on the ViT: the dual pass's graph costs less than one more tangent.) Recurrent
+models run every direction graph-free, because the fused LSTM kernels (oneDNN, cuDNN) have no forward-mode AD: the
+graph forward runs first on the fused kernel and records each nn.LSTM call, then in the jvp pass every nn.LSTM reuses
+its recorded result as the primal and gets its tangents from a linearised recurrence shared by the r directions
 (dpbench.privatizers.per_sample.lstm_tangent), and an output sequence the loss never reads gets no tangent at all;
 other RNNs run their non-fused kernels in that pass.
 Random ops such as dropout replay the same stream in both passes, and max-pooling in the graph-free passes gathers at
@@ -76,9 +76,8 @@ class JLConfig:
     (sigma 3.40 against 2.88; r = 9: 3.55, r = 5: 8.9, r = 3: 53, r = 2: 563)."""
     chunk_size: int | None = None
     """Directions batched per vmap call: faster when larger, but the jvp pass holds about chunk_size times a
-    forward pass's activations (1: memory close to non-private training); null: DIRECTIONS_PER_PASS (4), fewer where
-    half the free memory (the CUDA device's, else the host's) holds fewer, judged from the graph pass's saved
-    activations."""
+    forward pass's activations (1: memory close to non-private training); null: all of them, or as many as half the
+    free memory (the CUDA device's, else the host's) holds, judged from the graph pass's saved activations."""
 
 
 @contextlib.contextmanager
@@ -130,11 +129,12 @@ def forward_ad_kernels(model: nn.Module, recorded: dict[nn.Module, Recorded | No
 
 MEMORY_SHARE = 0.5
 """Share of the free memory that the directions of one jvp chunk may take when chunk_size is null."""
-DIRECTIONS_PER_PASS = 4
-"""Directions per vmap call when chunk_size is null and memory allows: larger calls were not faster where measured
-(2026-11-26, one thread, a step with r = 10): on the ViT (batch 500) chunks of 4 took 1,471-1,499 ms, of 5
-1,560 ms, all 10 at once 1,619 ms (more tangent memory per call, more page faults); on the CNN (batch 256) chunks
-of 4 and of 3 were within the rounds' spread (152 and 162 ms), of 5 110 ms and all 10 121 ms in another run."""
+UNKNOWN_MEMORY_DIRECTIONS = 4
+"""Directions per vmap call when chunk_size is null and the free memory cannot be read. Where it can, one call takes
+every direction that fits: with the host memory that steps free kept (training/host_memory.py), all nine graph-free
+directions in one call took 172-198 ms a step on the CNN (batch 256) against 220-222 ms in chunks of 4, 4 and 1, and
+1,862-1,907 against 2,177-2,196 ms on the ViT (batch 500; one thread, 2026-11-27, BENCHMARKS.md). Chunks of 4 were
+the faster choice only while glibc faulted the larger calls' memory in again at every step."""
 
 
 @contextlib.contextmanager
@@ -253,15 +253,15 @@ class JL(PrivatizerStrategy):
         return {name: draws.normal((count, *p.shape), p.dtype) for name, p in params.items()}
 
     def _chunk_sizes(self, count: int, activation_bytes: int, device: torch.device) -> list[int]:
-        """Directions per vmap call: chunk_size each (the last fewer); when it is null, DIRECTIONS_PER_PASS, or as
-        many as half the free memory holds when that is fewer (at least one)."""
+        """Directions per vmap call: chunk_size each (the last fewer); when it is null, all of them, or as many as
+        half the free memory holds (at least one; UNKNOWN_MEMORY_DIRECTIONS where the free memory is unknown)."""
         size = self.config.chunk_size
         if size is None:
             free = free_mb(device)
-            fit = DIRECTIONS_PER_PASS
+            size = UNKNOWN_MEMORY_DIRECTIONS if free is None else count
             if free is not None and activation_bytes > 0:
-                fit = int(MEMORY_SHARE * free * 2**20 // activation_bytes)
-            size = max(1, min(DIRECTIONS_PER_PASS, fit))
+                size = int(MEMORY_SHARE * free * 2**20 // activation_bytes)
+            size = max(1, min(count, size))
         return [min(size, count - start) for start in range(0, count, size)]
 
     def _jvp_chunks(
