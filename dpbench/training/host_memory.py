@@ -7,10 +7,10 @@ fault them in again at the next: DP-SGD on the 26K CNN (batch 256, one thread, t
 73-94 ms in such steps (about 9,300 page faults) and 52 ms in the others, which is the non-private step's time.
 Whether a process falls into it depends on the order of its first allocations, so it differs from run to run.
 
-Fixed thresholds keep blocks up to MMAP_THRESHOLD in the heap and up to TRIM_THRESHOLD of its free top. The resident
-peak, which dpbench reports, is not raised by this; what a process held at its peak is kept after it. Both must be
-set: setting either one turns glibc's adaptation off, and a trim threshold alone leaves every block above 128 KiB
-mapped afresh (21,700 faults a step on the same CNN).
+Fixed thresholds keep blocks up to the first of MMAP_THRESHOLDS that glibc takes in the heap, and up to
+TRIM_THRESHOLD of its free top. The resident peak, which dpbench reports, is not raised by this; what a process held
+at its peak is kept after it. Both must be set: setting either one turns glibc's adaptation off, and a trim threshold
+alone leaves every block above 128 KiB mapped afresh (21,700 faults a step on the same CNN).
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ import platform
 M_TRIM_THRESHOLD = -1
 M_MMAP_THRESHOLD = -3
 MMAP_THRESHOLDS = (64 << 20, 32 << 20)
-"""Tried in order: glibc before 2.35 refuses more than 32 MiB on 64-bit (HEAP_MAX_SIZE / 2)."""
+"""Tried in order: some glibc versions refuse more than 32 MiB on 64-bit (HEAP_MAX_SIZE / 2); 2.36 takes 64."""
 TRIM_THRESHOLD = 1 << 30
 
 DEFAULTS = "allocator defaults"
