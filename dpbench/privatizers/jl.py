@@ -258,9 +258,10 @@ class JL(PrivatizerStrategy):
         size = self.config.chunk_size
         if size is None:
             free = free_mb(device)
-            size = UNKNOWN_MEMORY_DIRECTIONS if free is None else count
-            if free is not None and activation_bytes > 0:
-                size = int(MEMORY_SHARE * free * 2**20 // activation_bytes)
+            if free is None:
+                size = UNKNOWN_MEMORY_DIRECTIONS
+            else:
+                size = int(MEMORY_SHARE * free * 2**20 // activation_bytes) if activation_bytes > 0 else count
             size = max(1, min(count, size))
         return [min(size, count - start) for start in range(0, count, size)]
 
