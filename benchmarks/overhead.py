@@ -1,9 +1,9 @@
 """Issue 26 benchmark: the cost of a private step against a non-private one, per model, with Opacus beside it.
 
 For each model the cases (nonprivate, dpbench vanilla, Opacus 1.6's fastest mode for it, and JL r=10 on the CNN and
-ViT) are measured side by side in interleaved rounds (benchmarks/harness.py), one thread by default as in the issue's
-profile. Targets: vanilla / nonprivate step time <= 1.25 (CNN), 1.3 (ViT), 1.7 (BiLSTM), 1.2 (MiniLM); JL r=10 /
-vanilla <= 3 (CNN), 5 (ViT).
+ViT, eager and with privatizer.compile) are measured side by side in interleaved rounds (benchmarks/harness.py), one
+thread by default as in the issue's profile. Targets: vanilla / nonprivate step time <= 1.25 (CNN), 1.3 (ViT), 1.7
+(BiLSTM), 1.2 (MiniLM); JL r=10 / vanilla <= 3 (CNN), 5 (ViT).
     python -m benchmarks overhead [--quick] [--models cnn,vit] [--rounds 3 --steps 10 --threads 1]
 """
 
@@ -68,7 +68,9 @@ def _model_and_batches(model_name: str, batch_size: int, device: torch.device) -
 
 
 def _dpbench_step(case: str, model: nn.Module, next_batch: Callable, batch_size: int, optimizer_config) -> Callable:
-    config = {"name": "jl", "projections": 10} if case == "jl_r10" else {"name": case}
+    config = {"name": case}
+    if case.startswith("jl_r10"):
+        config = {"name": "jl", "projections": 10, "compile": case == "jl_r10_compiled"}
     strategy = make_strategy(OmegaConf.create(config), PrivacySettings(CLIP, batch_size / TRAIN_SIZE, SIGMA))
     strategy.attach(model)
     optimizer = strategy.configure_optimizer(model, optimizer_config)
@@ -105,7 +107,8 @@ def make_step(case: str, device: torch.device, batch_size: int, model_name: str)
 
 
 def cases(model_name: str) -> list[str]:
-    return ["nonprivate", "vanilla", "opacus", *(["jl_r10"] if "jl_target" in MODELS[model_name] else [])]
+    jl_cases = ["jl_r10", "jl_r10_compiled"] if "jl_target" in MODELS[model_name] else []
+    return ["nonprivate", "vanilla", "opacus", *jl_cases]
 
 
 def checks(model_name: str, summary: dict) -> dict[str, float | None]:
@@ -125,6 +128,8 @@ def checks(model_name: str, summary: dict) -> dict[str, float | None]:
     if "jl_target" in spec:
         found[f"{model_name}: jl r=10 / vanilla (target <= {spec['jl_target']})"] = ratio(
             summary, "jl_r10", "vanilla", "step_time_s")
+        found[f"{model_name}: jl r=10 compiled / vanilla (target <= {spec['jl_target']})"] = ratio(
+            summary, "jl_r10_compiled", "vanilla", "step_time_s")
         found[f"{model_name}: jl r=10 / vanilla arithmetic (GFLOP)"] = ratio(summary, "jl_r10", "vanilla",
                                                                              "step_gflop")
     return found

@@ -51,7 +51,8 @@ def test_every_group_from_any_directory_with_plugins_presets_and_your_own_config
     # built-ins: every key of the dataclass, with the value the name gives it (the yaml preset over the dataclass)
     assert _entry(text, "privatizer", "vanilla") == "built-in engine=auto chunk_size=null"
     assert "gamma=0.01 noise_decay=inverse_sqrt" in _entry(text, "privatizer", "d2p2")
-    assert _entry(text, "privatizer", "jl_r5") == "preset of jl: projections=5 projections=5 chunk_size=null"
+    assert _entry(text, "privatizer", "jl_r5") == ("preset of jl: projections=5 projections=5 chunk_size=null "
+                                                   "compile=false")
     assert _entry(text, "model", "cnn") == "built-in activation=tanh padding=3"
     assert "pooling=model lora.rank=null lora.targets=null lora.alpha=null lora.dropout=0.0" in _entry(
         text, "model", "minilm")  # a nested node as the dotted keys an override types
