@@ -9,18 +9,17 @@ materialized, so it is black-box for any model and its memory stays close to non
 The sensitivity is random (C * sqrt(r / chi2_r)), so each step is accounted as the chi-square mixture of
 subsampled Gaussians of Theorems 2.2-2.3 (dpbench.privacy.mixture), never as the plain subsampled Gaussian.
 
-Speed: the first direction runs as a dual forward pass whose primal keeps its autograd graph, so the backward reuses
-that forward; the other directions run without a graph, batched with vmap over the tangents, so the primal is
-computed once per chunk of directions (a chunk of one runs as a plain dual pass, which skips functorch's per-op
-wrapping). By default one chunk holds all the other directions, or as many as half the free memory holds, judged from
-the activations the graph pass saved (UNKNOWN_MEMORY_DIRECTIONS where the free memory is unknown). (A plain graph
-forward followed by all r directions graph-free was measured too, 2026-11-26, one thread: no faster on the CNN, 156
-against 152 ms a step, and 9% slower on the ViT: the dual pass's graph costs less than one more tangent.) Recurrent
-models run every direction graph-free, because the fused LSTM kernels (oneDNN, cuDNN) have no forward-mode AD: the
-graph forward runs first on the fused kernel and records each nn.LSTM call, then in the jvp pass every nn.LSTM reuses
-its recorded result as the primal and gets its tangents from a linearised recurrence shared by the r directions
-(dpbench.privatizers.per_sample.lstm_tangent), and an output sequence the loss never reads gets no tangent at all;
-other RNNs run their non-fused kernels in that pass.
+Speed: a plain forward keeps the autograd graph that the backward reuses; then all r directions run without a graph,
+batched with vmap over the tangents, so the primal is computed once per chunk of directions (a chunk of one runs as a
+plain dual pass, which skips functorch's per-op wrapping). By default one chunk holds them all, or as many as half
+the free memory holds, judged from the activations the graph pass saved (UNKNOWN_MEMORY_DIRECTIONS where the free
+memory is unknown). The graph forward runs the jvp pass's kernels (math attention), so both passes round alike.
+Until 2026-11-27 the first direction rode on the graph pass as a dual forward; the plain forward is 6-9% faster a
+step on the CNN (eager) and the ViT (compiled) and within the spread on the ViT (eager; one thread, BENCHMARKS.md).
+Recurrent models' graph forward runs the fused LSTM kernels (oneDNN, cuDNN), which have no forward-mode AD, and
+records each nn.LSTM call; in the jvp pass every nn.LSTM reuses its recorded result as the primal and gets its tangents
+from a linearised recurrence shared by the r directions (dpbench.privatizers.per_sample.lstm_tangent), and an output
+sequence the loss never reads gets no tangent at all; other RNNs run their non-fused kernels in that pass.
 Random ops such as dropout replay the same stream in both passes, and max-pooling in the graph-free passes gathers at
 the graph pass's argmax instead of pooling again (dpbench.privatizers.per_sample.pool_tangent).
 """
@@ -137,7 +136,7 @@ MEMORY_SHARE = 0.5
 """Share of the free memory that the directions of one jvp chunk may take when chunk_size is null."""
 UNKNOWN_MEMORY_DIRECTIONS = 4
 """Directions per vmap call when chunk_size is null and the free memory cannot be read. Where it can, one call takes
-every direction that fits: with the host memory that steps free kept (training/host_memory.py), all nine graph-free
+every direction that fits: with the host memory that steps free kept (training/host_memory.py), nine graph-free
 directions in one call took 172-198 ms a step on the CNN (batch 256) against 220-222 ms in chunks of 4, 4 and 1, and
 1,862-1,907 against 2,177-2,196 ms on the ViT (batch 500; one thread, 2026-11-27, BENCHMARKS.md). Chunks of 4 were
 the faster choice only while glibc faulted the larger calls' memory in again at every step."""
@@ -155,7 +154,7 @@ def counting_saved_bytes(model: nn.Module) -> Iterator[list[int]]:
         try:
             storage = tensor.untyped_storage()
             pointer, size = storage.data_ptr(), storage.nbytes()
-        except RuntimeError:  # a tensor without a plain storage (the dual pass saves some): its own size
+        except RuntimeError:  # a tensor without a plain storage: its own size
             pointer, size = None, tensor.nelement() * tensor.element_size()
         if pointer is None or (pointer not in seen and pointer not in parameters):
             seen.add(pointer)
@@ -313,19 +312,15 @@ class JL(PrivatizerStrategy):
 
     def projections(self, model: nn.Module, task: Task, batch: Batch) -> tuple[Tensor, Tensor]:
         """Per-sample losses (with their autograd graph) and the (B, r) JL projections of their gradients: the graph
-        pass first (with the first direction, or recording each nn.LSTM call), then the other directions without a
-        graph, each chunk replaying the graph pass's random ops."""
+        pass first (recording each nn.LSTM call and max-pooling argmax), then the r directions without a graph, each
+        chunk replaying the graph pass's random ops."""
         trainable = trainable_parameters(model)
         detached = {name: p.detach() for name, p in trainable.items()}
         replay = Replay(model)
-        first = None
+        graph_kernels = contextlib.nullcontext() if self.recurrent else forward_ad_kernels(model)
         with recording_lstms(model) as recorded, recording_pools(model) as pools, counting_saved_bytes(model) as saved:
-            if self.recurrent:
+            with graph_kernels:
                 losses = task.per_sample_loss(model, batch)
-            else:
-                direction = tree_map(lambda t: t[0], self._draw(detached, 1))
-                with forward_ad_kernels(model):
-                    losses, first = dual_losses(model, task, batch, trainable, direction)
         if self.recurrent:
             mark_unread_outputs(recorded, losses)
         if self.config.compile:
@@ -333,7 +328,6 @@ class JL(PrivatizerStrategy):
             if self._compiled is None:
                 self._compiled = CompiledTangents(model, task)
         kernels = forward_ad_kernels(model, recorded if self.recurrent else None)
-        count = self.config.projections - (first is not None)
         if self._compiled is not None:  # it pools again: the padded shapes differ from the records
             pools = {}
         with torch.random.fork_rng(devices=replay.devices), kernels, gathering_pools(pools) as gathering:
@@ -341,10 +335,8 @@ class JL(PrivatizerStrategy):
                 replay.restore()
                 gathering.rewind()
 
-            projected = self._jvp_chunks(model, task, batch, detached, count, restore, saved[0])
-        if first is None:
-            return losses, projected
-        return losses, torch.cat([first.detach().unsqueeze(1), projected], dim=1)
+            projected = self._jvp_chunks(model, task, batch, detached, self.config.projections, restore, saved[0])
+        return losses, projected
 
     @staticmethod
     def _refuse_random_ops(replay: Replay) -> None:
