@@ -67,15 +67,14 @@ class Recurrence(torch.autograd.Function):
         outputs = gates.new_empty(count, batch, steps, hidden)
         saved = gates.new_empty(count, batch, steps, 4 * hidden) if mode in ("LSTM", "GRU") else None
         cells = gates.new_empty(count, batch, steps, hidden) if mode == "LSTM" else None
-        for t in range(steps):
+        for t in range(steps):  # LSTM and RNN steps write into the saved buffers' slices: no copies
             if mode == "LSTM":
                 pre = torch.baddbmm(gates[:, :, t], h, w_t)
-                act = torch.sigmoid(pre)
-                act[..., 2 * hidden : 3 * hidden] = torch.tanh(pre[..., 2 * hidden : 3 * hidden])
+                act = torch.sigmoid(pre, out=saved[:, :, t])
+                torch.tanh(pre[..., 2 * hidden : 3 * hidden], out=act[..., 2 * hidden : 3 * hidden])
                 i, f, g, o = act.chunk(4, dim=2)
-                c = torch.addcmul(f * c, i, g)
-                h = o * torch.tanh(c)
-                saved[:, :, t], cells[:, :, t] = act, c
+                c = torch.addcmul(f * c, i, g, out=cells[:, :, t])
+                h = torch.mul(o, torch.tanh(c), out=outputs[:, :, t])
             elif mode == "GRU":
                 part = torch.baddbmm(b_hh.unsqueeze(1), h, w_t)
                 x_r, x_z, x_n = gates[:, :, t].chunk(3, dim=2)
@@ -84,15 +83,16 @@ class Recurrence(torch.autograd.Function):
                 new = torch.tanh(x_n + reset * h_n)
                 h = new + update * (h - new)
                 saved[:, :, t] = torch.cat([reset, update, new, h_n], dim=2)
+                outputs[:, :, t] = h
             else:
                 pre = torch.baddbmm(gates[:, :, t], h, w_t)
-                h = torch.tanh(pre) if mode == "RNN_TANH" else torch.relu(pre)
-            outputs[:, :, t] = h
+                h = torch.tanh(pre, out=outputs[:, :, t]) if mode == "RNN_TANH" else \
+                    torch.clamp_min(pre, 0, out=outputs[:, :, t])
         ctx.mode = mode
         ctx.save_for_backward(w_hh, outputs, saved, cells)
         resets = saved[..., :hidden].clone() if mode == "GRU" else gates.new_zeros(0)
         ctx.mark_non_differentiable(resets)
-        return outputs, h, c, resets
+        return outputs, h.clone(), c.clone(), resets  # h and c may be views of the buffers
 
     @staticmethod
     def backward(ctx: Any, d_out: Tensor, d_h: Tensor, d_c: Tensor, _: Tensor) -> tuple[None, Tensor, None, None]:
@@ -118,9 +118,9 @@ class Recurrence(torch.autograd.Function):
             d_ht = d_h + d_out[:, :, t]
             if mode == "LSTM":
                 d_c = torch.addcmul(d_c, d_ht, cell_slope[:, :, t])
-                grads[:, :, t] = torch.cat([d_c, d_c, d_c, d_ht], dim=2) * slopes[:, :, t]
+                step_grads = torch.mul(torch.cat([d_c, d_c, d_c, d_ht], dim=2), slopes[:, :, t], out=grads[:, :, t])
                 d_c = d_c * f[:, :, t]
-                d_h = torch.bmm(grads[:, :, t], w_hh)
+                d_h = torch.bmm(step_grads, w_hh)
             elif mode == "GRU":
                 spread = d_ht.repeat(1, 1, 3)
                 grads[:, :, t] = spread * slopes[:, :, t]
