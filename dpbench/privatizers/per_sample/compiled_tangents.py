@@ -1,6 +1,6 @@
 """JL's graph-free directions through one `torch.compile`d vmap-of-jvp, on batches padded to a few sizes.
 
-Compiled, JL r = 10 steps of the ViT at batch 500 took 1,613 against 1,919 ms; the CNN's took twice as long (one
+Compiled, JL r = 10 steps of the ViT at batch 500 took 1,503 against 1,875 ms; the CNN's took twice as long (one
 thread, CPU, 2026-11-27, BENCHMARKS.md), hence opt-in (privatizer.compile). In float64 it gives the eager pass's
 projections to rounding. Two things keep it honest:
 - Shapes: forward-mode convolution cannot be compiled for a symbolic batch size (torch 2.13: "Cannot call
