@@ -8,7 +8,8 @@
 4. DP-Adam's and DP-GRAPE's step time against non-private Adam at the fixed batch, from the frontier's trials,
 5. issue 26's ratios on the card (`python -m benchmarks overhead`, one round, CNN and ViT, eight fresh processes):
    vanilla and Opacus against non-private, JL r = 10 against vanilla, each step's arithmetic beside them (the
-   record lands in bench_results/overhead.json, as `make bench` leaves it, and is copied beside gpu_check.json).
+   record lands in bench_results/overhead.json, as `make bench` leaves it, and is copied beside gpu_check.json);
+   without JL's compiled case, whose compilations would take most of the part's share of the budget.
 
 Writes gpu_check.json after every part (a part cut short by the time budget still leaves the ones before it),
 gpu_check.md (a short table) and the CUDA tests' whole log (cuda_tests.log). `--dry-run` does it all on CPU with the
@@ -123,7 +124,8 @@ def overhead(out: Path, deadline: Deadline, share: float, dry_run: bool) -> dict
     saved, started = ROOT / "bench_results" / "overhead.json", time.time()
     sizes = ["--models", "cnn", "--steps", "2", "--warmup", "1"] if dry_run else ["--models", "cnn,vit", "--steps",
                                                                                   "5", "--warmup", "2"]
-    part = _run([sys.executable, "-m", "benchmarks", "overhead", *sizes, "--rounds", "1"], deadline.left() * share)
+    part = _run([sys.executable, "-m", "benchmarks", "overhead", *sizes, "--rounds", "1", "--eager-only"],
+                deadline.left() * share)
     if saved.exists() and saved.stat().st_mtime >= started:  # this run's record, not an earlier one's
         (out / "overhead.json").write_text(saved.read_text())
         part["ratios"] = json.loads(saved.read_text())["ratios"]

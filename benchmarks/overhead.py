@@ -4,7 +4,8 @@ For each model the cases (nonprivate, dpbench vanilla, Opacus 1.6's fastest mode
 ViT, eager and with privatizer.compile) are measured side by side in interleaved rounds (benchmarks/harness.py), one
 thread by default as in the issue's profile. Targets: vanilla / nonprivate step time <= 1.25 (CNN), 1.3 (ViT), 1.7
 (BiLSTM), 1.2 (MiniLM); JL r=10 / vanilla <= 3 (CNN), 5 (ViT).
-    python -m benchmarks overhead [--quick] [--models cnn,vit] [--rounds 3 --steps 10 --threads 1]
+    python -m benchmarks overhead [--quick] [--eager-only] [--models cnn,vit] [--rounds 3 --steps 10 --threads 1]
+--eager-only leaves out the compiled JL case, whose compilation takes up to a minute a model and fresh process.
 """
 
 from __future__ import annotations
@@ -106,8 +107,8 @@ def make_step(case: str, device: torch.device, batch_size: int, model_name: str)
     return _dpbench_step(case, model, next_batch, batch_size, optimizer_config)
 
 
-def cases(model_name: str) -> list[str]:
-    jl_cases = ["jl_r10", "jl_r10_compiled"] if "jl_target" in MODELS[model_name] else []
+def cases(model_name: str, compiled: bool = True) -> list[str]:
+    jl_cases = ["jl_r10", *(["jl_r10_compiled"] if compiled else [])] if "jl_target" in MODELS[model_name] else []
     return ["nonprivate", "vanilla", "opacus", *jl_cases]
 
 
@@ -135,14 +136,15 @@ def checks(model_name: str, summary: dict) -> dict[str, float | None]:
     return found
 
 
-def _models_argument() -> tuple[list[str], bool]:
-    """--models a,b and --quick (2 rounds x 3 steps, 1 warmup), taken off argv before the shared arguments."""
-    models, quick = list(MODELS), "--quick" in sys.argv
+def _models_argument() -> tuple[list[str], bool, bool]:
+    """--models a,b, --quick (2 rounds x 3 steps, 1 warmup) and --eager-only, taken off argv before the shared
+    arguments."""
+    models, quick, compiled = list(MODELS), "--quick" in sys.argv, "--eager-only" not in sys.argv
     if "--models" in sys.argv:
         at = sys.argv.index("--models")
         models = sys.argv[at + 1].split(",")
         del sys.argv[at : at + 2]
-    sys.argv = [a for a in sys.argv if a != "--quick"]
+    sys.argv = [a for a in sys.argv if a not in ("--quick", "--eager-only")]
     unknown = set(models) - set(MODELS)
     if unknown:
         raise SystemExit(f"--models: unknown {sorted(unknown)}; choose from {list(MODELS)}")
@@ -150,17 +152,17 @@ def _models_argument() -> tuple[list[str], bool]:
         sys.argv += ["--rounds", "2", "--steps", "3", "--warmup", "1"]
     if "--threads" not in sys.argv:
         sys.argv += ["--threads", "1"]
-    return models, quick
+    return models, quick, compiled
 
 
 def main() -> None:
-    models, quick = _models_argument()
+    models, quick, compiled = _models_argument()
     args = arguments(__doc__)
     results, all_checks = {}, {}
     for model_name in models:
         batch_size = args.batch_size or MODELS[model_name]["batch"]
         print(f"\n--- {model_name}, batch {batch_size} ---", flush=True)
-        summary = compare("benchmarks.overhead", cases(model_name), {"model_name": model_name}, batch_size,
+        summary = compare("benchmarks.overhead", cases(model_name, compiled), {"model_name": model_name}, batch_size,
                           args.rounds, args.steps, args.warmup, args.threads)
         print_table(f"{model_name}, batch {batch_size}", summary, "nonprivate")
         found = checks(model_name, summary)
