@@ -176,6 +176,17 @@ def dual_losses(
     return losses, torch.zeros_like(losses) if tangent is None else tangent
 
 
+def directional_projections(
+    model: nn.Module, task: Task, params: dict[str, Tensor], tangents: dict[str, Tensor], batch: Batch
+) -> Tensor:
+    """(count, B) projections <grad loss_i, v_j> along stacked directions, by vmap over jvps without an autograd
+    graph (random ops draw the same numbers for every direction)."""
+    def losses(values: dict[str, Tensor]) -> Tensor:
+        return task.per_sample_loss(lambda x: functional_call(model, values, (x,)), batch)
+
+    return vmap(lambda t: jvp(losses, (params,), (t,))[1], randomness="same")(tangents)
+
+
 class Replay:
     """The global random state at the start of a step, restorable, so every pass sees the same random ops."""
 
@@ -288,12 +299,6 @@ class JL(PrivatizerStrategy):
         """(B, count) projections <grad loss_i, v_j>, without an autograd graph, directions batched by vmap; every
         chunk first calls `replay`, which restores what the pass whose graph the backward uses saw (its random
         stream, so the same dropout masks, and its max-pooling argmax)."""
-        def losses(values: dict[str, Tensor]) -> Tensor:
-            return task.per_sample_loss(lambda x: functional_call(model, values, (x,)), batch)
-
-        def project(tangents: dict[str, Tensor]) -> Tensor:
-            return jvp(losses, (params,), (tangents,))[1]
-
         parts = []
         with torch.no_grad():
             for chunk in self._chunk_sizes(count, activation_bytes, next(iter(params.values())).device):
@@ -305,7 +310,7 @@ class JL(PrivatizerStrategy):
                 if chunk == 1:  # a plain dual pass: forward AD's native rules, without functorch wrapping each op
                     parts.append(dual_losses(model, task, batch, params, tree_map(lambda t: t[0], tangents))[1][None])
                 else:
-                    parts.append(vmap(project, randomness="same")(tangents))
+                    parts.append(directional_projections(model, task, params, tangents, batch))
         if not parts:
             return torch.zeros(batch_size_of(batch), 0, device=next(iter(params.values())).device)
         return torch.cat(parts).T
@@ -318,7 +323,9 @@ class JL(PrivatizerStrategy):
         detached = {name: p.detach() for name, p in trainable.items()}
         replay = Replay(model)
         graph_kernels = contextlib.nullcontext() if self.recurrent else forward_ad_kernels(model)
-        with recording_lstms(model) as recorded, recording_pools(model) as pools, counting_saved_bytes(model) as saved:
+        # compiled, max-pooling pools again (the padded shapes differ from any record), so nothing is recorded
+        pooling = contextlib.nullcontext({}) if self.config.compile else recording_pools(model)
+        with recording_lstms(model) as recorded, pooling as pools, counting_saved_bytes(model) as saved:
             with graph_kernels:
                 losses = task.per_sample_loss(model, batch)
         if self.recurrent:
@@ -326,10 +333,8 @@ class JL(PrivatizerStrategy):
         if self.config.compile:
             self._refuse_random_ops(replay)
             if self._compiled is None:
-                self._compiled = CompiledTangents(model, task)
+                self._compiled = CompiledTangents(functools.partial(directional_projections, model, task))
         kernels = forward_ad_kernels(model, recorded if self.recurrent else None)
-        if self._compiled is not None:  # it pools again: the padded shapes differ from the records
-            pools = {}
         with torch.random.fork_rng(devices=replay.devices), kernels, gathering_pools(pools) as gathering:
             def restore() -> None:
                 replay.restore()

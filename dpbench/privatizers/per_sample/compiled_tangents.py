@@ -1,4 +1,5 @@
-"""JL's graph-free directions through one `torch.compile`d vmap-of-jvp, on batches padded to a few sizes.
+"""JL's graph-free directions (jl.directional_projections) compiled by `torch.compile`, on batches padded to a few
+sizes.
 
 Compiled, JL r = 10 steps of the ViT at batch 500 took 1,503 against 1,875 ms; the CNN's took twice as long (one
 thread, CPU, 2026-11-27, BENCHMARKS.md), hence opt-in (privatizer.compile). In float64 it gives the eager pass's
@@ -20,11 +21,10 @@ import logging
 from collections.abc import Callable
 
 import torch
-from torch import Tensor, nn
-from torch.func import functional_call, jvp, vmap
+from torch import Tensor
 from torch.utils._pytree import tree_map
 
-from dpbench.tasks import Batch, Task, batch_size_of
+from dpbench.tasks import Batch, batch_size_of
 
 log = logging.getLogger(__name__)
 
@@ -46,17 +46,15 @@ def pad_batch(batch: Batch, size: int) -> Batch:
     return tree_map(pad, batch)
 
 
+Projection = Callable[[dict[str, Tensor], dict[str, Tensor], Batch], Tensor]
+"""(params, stacked directions, batch) -> (count, B) projections <grad loss_i, v_j>."""
+
+
 class CompiledTangents:
-    """(count, B) projections <grad loss_i, v_j> of one batch, by the compiled pass."""
+    """A projection compiled, called on the batch padded and its result cut back to the batch's samples."""
 
-    def __init__(self, model: nn.Module, task: Task):
-        def project(params: dict[str, Tensor], tangents: dict[str, Tensor], batch: Batch) -> Tensor:
-            def losses(values: dict[str, Tensor]) -> Tensor:
-                return task.per_sample_loss(lambda x: functional_call(model, values, (x,)), batch)
-
-            return vmap(lambda t: jvp(losses, (params,), (t,))[1])(tangents)
-
-        self._project: Callable[..., Tensor] = torch.compile(project, dynamic=False)
+    def __init__(self, project: Projection):
+        self._project: Projection = torch.compile(project, dynamic=False)
         self._sizes: set[int] = set()
 
     def __call__(self, params: dict[str, Tensor], tangents: dict[str, Tensor], batch: Batch) -> Tensor:
