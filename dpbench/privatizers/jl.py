@@ -20,8 +20,10 @@ Recurrent models' graph forward runs the fused LSTM kernels (oneDNN, cuDNN), whi
 records each nn.LSTM call; in the jvp pass every nn.LSTM reuses its recorded result as the primal and gets its tangents
 from a linearised recurrence shared by the r directions (dpbench.privatizers.per_sample.lstm_tangent), and an output
 sequence the loss never reads gets no tangent at all; other RNNs run their non-fused kernels in that pass.
-Random ops such as dropout replay the same stream in both passes, and max-pooling in the graph-free passes gathers at
-the graph pass's argmax instead of pooling again (dpbench.privatizers.per_sample.pool_tangent).
+Random ops such as dropout replay the same stream in both passes, max-pooling in the graph-free passes gathers at
+the graph pass's argmax instead of pooling again (dpbench.privatizers.per_sample.pool_tangent), and convolutions
+there stack the directions' weight tangents into one convolution with the bias inside
+(dpbench.privatizers.per_sample.conv_tangent).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepCo
 from dpbench.privatizers.clipping import clip_factors, clipping_stats
 from dpbench.privatizers.per_sample import PerSampleMismatch, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.compiled_tangents import CompiledTangents
+from dpbench.privatizers.per_sample.conv_tangent import tangent_convs
 from dpbench.privatizers.per_sample.lstm_tangent import (
     Recorded,
     jvp_lstm_forward,
@@ -335,7 +338,8 @@ class JL(PrivatizerStrategy):
             if self._compiled is None:
                 self._compiled = CompiledTangents(functools.partial(directional_projections, model, task))
         kernels = forward_ad_kernels(model, recorded if self.recurrent else None)
-        with torch.random.fork_rng(devices=replay.devices), kernels, gathering_pools(pools) as gathering:
+        convs = contextlib.nullcontext() if self.config.compile else tangent_convs(model)
+        with torch.random.fork_rng(devices=replay.devices), kernels, convs, gathering_pools(pools) as gathering:
             def restore() -> None:
                 replay.restore()
                 gathering.rewind()

@@ -1,0 +1,103 @@
+"""JL's graph-free passes run convolutions by their own forward-mode rule (conv_tangent.py): in float64 the
+projections are <grad loss_i, v_j> of a per-example loop, and equal those of functorch's rule for every kind of
+convolution, in vmapped chunks and in the one-direction dual pass."""
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpbench.privatizers import jl as jl_module
+from dpbench.tasks import ClassificationTask
+from tests.test_jl import jl, loop_gradients
+
+TASK = ClassificationTask()
+
+
+class ConvNet(nn.Module):
+    """Two convolutions (the first reads data, so its input has no tangent), tanh between, a linear head."""
+
+    def __init__(self, dims: int, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
+                 frozen_weight: bool = False):
+        super().__init__()
+        conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
+        self.first = conv(2, 4, 3, padding=1, bias=bias, padding_mode=padding_mode)
+        self.second = conv(4, 6, 2, stride=2, groups=groups, bias=bias)
+        self.head = nn.LazyLinear(3)
+        if frozen_weight:
+            self.second.weight.requires_grad_(False)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.second(torch.tanh(self.first(x)))).flatten(1))
+
+
+CASES = {
+    "2d": (dict(dims=2), (7, 7)),
+    "2d no bias": (dict(dims=2, bias=False), (6, 6)),
+    "2d reflect padding": (dict(dims=2, padding_mode="reflect"), (6, 5)),
+    "2d groups 2": (dict(dims=2, groups=2), (6, 6)),
+    "2d frozen weight, trainable bias": (dict(dims=2, frozen_weight=True), (6, 6)),
+    "1d": (dict(dims=1), (9,)),
+    "3d": (dict(dims=3), (4, 4, 4)),
+}
+
+
+@contextlib.contextmanager
+def functorch_rule(model):
+    yield
+
+
+def _projections(model, batch, chunk_size, drawn=None, seed=5):
+    strategy = jl(4, chunk_size=chunk_size, seed=seed)
+    strategy.attach(model)
+    if drawn is not None:
+        draw = strategy._draw
+
+        def recording(params, count):
+            tangents = draw(params, count)
+            drawn.append(tangents)
+            return tangents
+
+        strategy._draw = recording
+    return strategy.projections(model, TASK, batch)[1]
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4], ids=["dual pass", "vmap chunk"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_projections_are_the_per_example_gradients_along_the_directions(name, chunk_size, monkeypatch):
+    options, size = CASES[name]
+    torch.manual_seed(0)
+    model = ConvNet(**options).double()
+    x = torch.randn(5, 2, *size, dtype=torch.float64)
+    batch = (x, torch.randint(0, 3, (5,)))
+    model(x)  # materialise the lazy head
+    drawn = []
+    projected = _projections(model, batch, chunk_size, drawn)
+    directions = {name: torch.cat([chunk[name] for chunk in drawn]) for name in drawn[0]}
+    reference = torch.stack([sum((grads[name] * directions[name]).flatten(1).sum(1) for name in grads)
+                             for grads in loop_gradients(model, batch)])
+    assert projected.shape == reference.shape == (5, 4)
+    torch.testing.assert_close(projected, reference, rtol=1e-10, atol=1e-12)
+    with monkeypatch.context() as patch:
+        patch.setattr(jl_module, "tangent_convs", functorch_rule)
+        torch.testing.assert_close(projected, _projections(model, batch, chunk_size), rtol=1e-12, atol=1e-13)
+
+
+def test_the_first_layers_weight_tangents_run_as_one_convolution(monkeypatch):
+    """r directions of the data-reading layer: one convolution with r times its output channels, its bias inside."""
+    torch.manual_seed(0)
+    model = ConvNet(dims=2)
+    x = torch.randn(5, 2, 7, 7)
+    model(x)
+    calls = []
+    original = F.conv2d
+
+    def counting(inputs, weight, bias=None, *args):
+        calls.append((tuple(inputs.shape), tuple(weight.shape), None if bias is None else tuple(bias.shape)))
+        return original(inputs, weight, bias, *args)
+
+    monkeypatch.setattr(F, "conv2d", counting)
+    _projections(model, (x, torch.randint(0, 3, (5,))), chunk_size=4)
+    assert ((5, 2, 7, 7), (16, 2, 3, 3), (16,)) in calls
