@@ -19,15 +19,18 @@ TASK = ClassificationTask()
 class ConvNet(nn.Module):
     """Two convolutions (the first reads data, so its input has no tangent), tanh between, a linear head."""
 
-    def __init__(self, dims: int, groups: int = 1, bias: bool = True, padding_mode: str = "zeros",
-                 frozen_weight: bool = False):
+    def __init__(self, dims: int, groups: int = 1, bias: bool = True, padding_mode: str = "zeros", dilation: int = 1,
+                 frozen_weight: bool = False, frozen: bool = False):
         super().__init__()
         conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
-        self.first = conv(2, 4, 3, padding=1, bias=bias, padding_mode=padding_mode)
+        self.first = conv(2, 4, 3, padding="same" if dilation > 1 else 1, dilation=dilation, bias=bias,
+                          padding_mode=padding_mode)
         self.second = conv(4, 6, 2, stride=2, groups=groups, bias=bias)
         self.head = nn.LazyLinear(3)
-        if frozen_weight:
+        if frozen_weight or frozen:
             self.second.weight.requires_grad_(False)
+        if frozen:
+            self.second.bias.requires_grad_(False)
 
     def forward(self, x):
         return self.head(torch.tanh(self.second(torch.tanh(self.first(x)))).flatten(1))
@@ -39,6 +42,8 @@ CASES = {
     "2d reflect padding": (dict(dims=2, padding_mode="reflect"), (6, 5)),
     "2d groups 2": (dict(dims=2, groups=2), (6, 6)),
     "2d frozen weight, trainable bias": (dict(dims=2, frozen_weight=True), (6, 6)),
+    "2d frozen second convolution": (dict(dims=2, frozen=True), (6, 6)),
+    "2d dilation 2, padding same": (dict(dims=2, dilation=2), (9, 9)),
     "1d": (dict(dims=1), (9,)),
     "3d": (dict(dims=3), (4, 4, 4)),
 }
