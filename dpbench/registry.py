@@ -160,6 +160,11 @@ class Registry(MutableMapping[str, tuple]):
         found, settings = self.resolve(options(config))
         return found.factory(validated(found.schema, settings, self.group), *args)
 
+    def check(self, config: DictConfig | Mapping[str, Any]) -> None:
+        """Refuse an unknown name or key of the node now, before a run loads data for what `build` needs."""
+        found, settings = self.resolve(options(config))
+        validated(found.schema, settings, self.group)
+
     def defaults(self, name: str) -> dict[str, Any]:
         """The config node `group=name` stands for: the schema's defaults, named."""
         node = OmegaConf.to_container(OmegaConf.structured(self.component(name).schema))

@@ -26,13 +26,13 @@ from dpbench.data import load_data
 from dpbench.data.bundle import DataBundle
 from dpbench.errors import ConfigurationError, RunInterrupted
 from dpbench.methods import method_label, off_paper
-from dpbench.models import build_model
+from dpbench.models import MODELS, build_model
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.budget import steps_within_budget
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privacy.plan import PrivacyPlan, declared_composition, make_plan, noise_multiplier_source
 from dpbench.privacy.randomness import PrivacyRandomness
-from dpbench.privatizers import PrivacySettings, PrivatizerStrategy, make_strategy
+from dpbench.privatizers import STRATEGIES, PrivacySettings, PrivatizerStrategy, make_strategy
 from dpbench.privatizers.per_sample import PerSampleMismatch
 from dpbench.profiling import ProfilerCallback
 from dpbench.redaction import SECRET, public_config
@@ -125,6 +125,8 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     check_run_settings(typed)
     L.seed_everything(typed.seed, workers=True, verbose=False)  # public: init, dropout; never privacy draws
     randomness = PrivacyRandomness(typed.privacy.seed, typed.privacy.secure_rng)
+    STRATEGIES.check(cfg.privatizer)  # a typo is refused before the data loads (building needs the sampling rate)
+    MODELS.check(cfg.model)
 
     data = load_data(cfg.data)
     if typed.batch_size > len(data.train):

@@ -103,6 +103,17 @@ def test_hydra_and_omegaconf_errors_are_one_line_with_exit_2(tmp_path, override,
         assert "privatizer=grape" in run.stderr and "privatizer=dp_galore" in run.stderr
 
 
+@pytest.mark.parametrize("override,message", [
+    ("+privatizer.engin=hooks", "privatizer.engin is not a key of VanillaConfig (did you mean privatizer.engine?)"),
+    ("+model.activatoin=relu", "model.activatoin is not a key of CNNConfig (did you mean model.activation?)"),
+])
+def test_a_component_key_typo_is_refused_before_the_data_loads(tmp_path, override, message):
+    """The privatizer and model nodes are checked before the data: here the data is missing, and the typo is named."""
+    run = dpbench(override, "data=fashion_mnist", f"data.fashion_mnist_dir={tmp_path / 'none'}", "max_steps=2",
+                  f"hydra.run.dir={tmp_path}", *FAST)
+    _assert_refused(run, message)
+
+
 def _tool(module: str, *args: str, cwd=None) -> subprocess.CompletedProcess:
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
            "PYTHONPATH": str(ROOT)}
