@@ -157,13 +157,16 @@ class Registry(MutableMapping[str, tuple]):
 
     def build(self, config: DictConfig | Mapping[str, Any], *args: Any) -> Any:
         """factory(validated config, *args)."""
-        found, settings = self.resolve(options(config))
-        return found.factory(validated(found.schema, settings, self.group), *args)
+        found, typed = self._validated(config)
+        return found.factory(typed, *args)
 
     def check(self, config: DictConfig | Mapping[str, Any]) -> None:
         """Refuse an unknown name or key of the node now, before a run loads data for what `build` needs."""
+        self._validated(config)
+
+    def _validated(self, config: DictConfig | Mapping[str, Any]) -> tuple[Component, Any]:
         found, settings = self.resolve(options(config))
-        validated(found.schema, settings, self.group)
+        return found, validated(found.schema, settings, self.group)
 
     def defaults(self, name: str) -> dict[str, Any]:
         """The config node `group=name` stands for: the schema's defaults, named."""
