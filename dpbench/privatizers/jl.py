@@ -21,9 +21,11 @@ records each nn.LSTM call; in the jvp pass every nn.LSTM reuses its recorded res
 from a linearised recurrence shared by the r directions (dpbench.privatizers.per_sample.lstm_tangent), and an output
 sequence the loss never reads gets no tangent at all; other RNNs run their non-fused kernels in that pass.
 Random ops such as dropout replay the same stream in both passes, max-pooling in the graph-free passes gathers at
-the graph pass's argmax instead of pooling again (dpbench.privatizers.per_sample.pool_tangent), and convolutions
+the graph pass's argmax instead of pooling again (dpbench.privatizers.per_sample.pool_tangent), convolutions
 there stack the directions' weight tangents into one convolution with the bias inside
-(dpbench.privatizers.per_sample.conv_tangent).
+(dpbench.privatizers.per_sample.conv_tangent), linear layers accumulate both terms of their tangent into the bias
+tangent in place (linear_tangent), and LayerNorm and GELU compute what depends on the primal once for all
+directions (pointwise_tangent): the ViT's JL step at batch 500 took 1,590 against 1,830 ms (one thread, CPU).
 """
 
 from __future__ import annotations
@@ -53,12 +55,14 @@ from dpbench.privatizers.clipping import clip_factors, clipping_stats
 from dpbench.privatizers.per_sample import PerSampleMismatch, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.compiled_tangents import CompiledTangents
 from dpbench.privatizers.per_sample.conv_tangent import tangent_convs
+from dpbench.privatizers.per_sample.linear_tangent import tangent_linears
 from dpbench.privatizers.per_sample.lstm_tangent import (
     Recorded,
     jvp_lstm_forward,
     mark_unread_outputs,
     record_call,
 )
+from dpbench.privatizers.per_sample.pointwise_tangent import TangentPointwise
 from dpbench.privatizers.per_sample.pool_tangent import gathering_pools, recording_pools
 from dpbench.privatizers.per_sample.verify import loss_deviation, tolerance
 from dpbench.profiling.memory import free_mb
@@ -99,6 +103,14 @@ def tangent_lstms(model: nn.Module, recorded: dict[nn.Module, Recorded | None]) 
     finally:
         for module in lstms:
             del module.forward
+
+
+@contextlib.contextmanager
+def tangent_layers(model: nn.Module) -> Iterator[None]:
+    """Convolutions, linear layers, LayerNorm and activations by their own forward-mode rules in the graph-free
+    passes."""
+    with tangent_convs(model), tangent_linears(model), TangentPointwise():
+        yield
 
 
 @contextlib.contextmanager
@@ -338,8 +350,8 @@ class JL(PrivatizerStrategy):
             if self._compiled is None:
                 self._compiled = CompiledTangents(functools.partial(directional_projections, model, task))
         kernels = forward_ad_kernels(model, recorded if self.recurrent else None)
-        convs = contextlib.nullcontext() if self.config.compile else tangent_convs(model)
-        with torch.random.fork_rng(devices=replay.devices), kernels, convs, gathering_pools(pools) as gathering:
+        rules = contextlib.nullcontext() if self.config.compile else tangent_layers(model)
+        with torch.random.fork_rng(devices=replay.devices), kernels, rules, gathering_pools(pools) as gathering:
             def restore() -> None:
                 replay.restore()
                 gathering.rewind()

@@ -1,0 +1,130 @@
+"""JL's graph-free passes run linear layers, LayerNorm and GELU by their own forward-mode rules (linear_tangent.py,
+pointwise_tangent.py): in float64 the projections are <grad loss_i, v_j> of a per-example loop, and equal those of
+functorch's rules, for every arrangement of trainable and frozen parameters, in vmapped chunks and in the
+one-direction dual pass."""
+
+import contextlib
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from dpbench.privatizers import jl as jl_module
+from dpbench.privatizers.per_sample import linear_tangent, pointwise_tangent
+from dpbench.tasks import ClassificationTask
+from tests.test_jl import jl, loop_gradients
+
+TASK = ClassificationTask()
+TOKENS, FEATURES = 3, 5
+
+
+class Block(nn.Module):
+    """A transformer MLP block: a data-reading linear layer (no input tangent), LayerNorm, GELU, a residual."""
+
+    def __init__(self, bias: bool = True, affine: bool = True, norm_bias: bool = True, approximate: str = "none",
+                 norm_over_tokens: bool = False, frozen: tuple[str, ...] = ()):
+        super().__init__()
+        self.embed = nn.Linear(FEATURES, 8, bias=bias)
+        shape = (TOKENS, 8) if norm_over_tokens else (8,)
+        self.norm = nn.LayerNorm(shape, elementwise_affine=affine, bias=norm_bias)
+        self.up = nn.Linear(8, 12, bias=bias)
+        self.down = nn.Linear(12, 8, bias=bias)
+        self.head = nn.Linear(8, 3)
+        self.approximate = approximate
+        for name in frozen:
+            self.get_parameter(name).requires_grad_(False)
+
+    def forward(self, x):
+        h = self.embed(x)
+        h = h + self.down(F.gelu(self.up(self.norm(h)), approximate=self.approximate))
+        return self.head(h.mean(1) if h.dim() == 3 else h)
+
+
+CASES = {
+    "all trainable": dict(),
+    "linear layers without bias": dict(bias=False),
+    "LayerNorm without affine parameters": dict(affine=False),
+    "LayerNorm without bias": dict(norm_bias=False),
+    "LayerNorm over tokens and features": dict(norm_over_tokens=True),
+    "GELU tanh approximation": dict(approximate="tanh"),
+    "frozen weight, trainable bias": dict(frozen=("up.weight",)),
+    "frozen linear layer": dict(frozen=("up.weight", "up.bias")),
+    "frozen data-reading layer": dict(frozen=("embed.weight", "embed.bias")),
+    "frozen LayerNorm weight": dict(frozen=("norm.weight",)),
+    "frozen LayerNorm": dict(frozen=("norm.weight", "norm.bias")),
+}
+
+
+@contextlib.contextmanager
+def functorch_rules(model):
+    yield
+
+
+def _projections(model, batch, chunk_size, drawn=None):
+    strategy = jl(4, chunk_size=chunk_size, seed=5)
+    strategy.attach(model)
+    if drawn is not None:
+        draw = strategy._draw
+
+        def recording(params, count):
+            tangents = draw(params, count)
+            drawn.append(tangents)
+            return tangents
+
+        strategy._draw = recording
+    return strategy.projections(model, TASK, batch)[1]
+
+
+def _batch(tokens: bool = True):
+    torch.manual_seed(0)
+    shape = (6, TOKENS, FEATURES) if tokens else (6, FEATURES)
+    return torch.randn(*shape, dtype=torch.float64), torch.randint(0, 3, (6,))
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4], ids=["dual pass", "vmap chunk"])
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_projections_are_the_per_example_gradients_along_the_directions(name, chunk_size, monkeypatch):
+    batch = _batch()
+    model = Block(**CASES[name]).double()
+    with torch.no_grad():  # LayerNorm's affine parameters away from their initial ones and zeros
+        for module in (model.norm,):
+            for p in module.parameters():
+                p.add_(torch.randn_like(p) * 0.3)
+    drawn = []
+    projected = _projections(model, batch, chunk_size, drawn)
+    directions = {name: torch.cat([chunk[name] for chunk in drawn]) for name in drawn[0]}
+    reference = torch.stack([sum((grads[name] * directions[name]).flatten(1).sum(1) for name in grads)
+                             for grads in loop_gradients(model, batch)])
+    assert projected.shape == reference.shape == (6, 4)
+    torch.testing.assert_close(projected, reference, rtol=1e-10, atol=1e-12)
+    with monkeypatch.context() as patch:
+        patch.setattr(jl_module, "tangent_layers", functorch_rules)
+        torch.testing.assert_close(projected, _projections(model, batch, chunk_size), rtol=1e-12, atol=1e-13)
+
+
+def test_inputs_without_a_token_dimension():
+    batch = _batch(tokens=False)
+    model = Block().double()
+    drawn = []
+    projected = _projections(model, batch, 4, drawn)
+    directions = {name: torch.cat([chunk[name] for chunk in drawn]) for name in drawn[0]}
+    reference = torch.stack([sum((grads[name] * directions[name]).flatten(1).sum(1) for name in grads)
+                             for grads in loop_gradients(model, batch)])
+    torch.testing.assert_close(projected, reference, rtol=1e-10, atol=1e-12)
+
+
+def test_the_vmapped_chunk_takes_each_rule_once_per_layer(monkeypatch):
+    """The rules' own vmap paths run (not functorch's fallback): once per linear layer, LayerNorm and GELU call."""
+    calls = []
+    for owner, name in [(linear_tangent._LinearTangents, "vmap"), (pointwise_tangent._LayerNormTangents, "vmap"),
+                        (pointwise_tangent._GeluTangents, "vmap")]:
+        original = getattr(owner, name)
+
+        def counting(*args, original=original, owner=owner):
+            calls.append(owner.__name__)
+            return original(*args)
+
+        monkeypatch.setattr(owner, name, staticmethod(counting))
+    _projections(Block(), (torch.randn(6, TOKENS, FEATURES), torch.randint(0, 3, (6,))), chunk_size=4)
+    assert sorted(calls) == ["_GeluTangents", "_LayerNormTangents"] + ["_LinearTangents"] * 4
