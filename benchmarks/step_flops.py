@@ -3,9 +3,10 @@
 A ratio of step times is judged against the ratio of the work the steps must do: a private step that needs eight times
 a non-private step's products cannot run in five times its time by any scheduling of the same kernels. The counter
 covers matrix products, convolutions and the GPU's fused attention; the CPU's fused attention and oneDNN's fused
-recurrent layers, which the non-private steps run on this machine, are registered here: the attention with torch's
-own formulas for the GPU's kernels (two products forward, five backward, which recomputes the scores), an LSTM layer
-with the products it replaces (2 B T 4H (E + H) forward, twice that backward). The library's count of a grouped
+recurrent layers, which the non-private steps run on this machine, and the in-place product that JL's linear rule
+runs are registered here: the attention with torch's own formulas for the GPU's kernels (two products forward, five
+backward, which recomputes the scores), an LSTM layer with the products it replaces (2 B T 4H (E + H) forward, twice
+that backward), the in-place product as the product. The library's count of a grouped
 convolution's weight gradient ignores the groups (torch 2.13: 256 times too many for the per-sample rule that folds a
 batch of 256 into the groups), so that formula is replaced. Elementwise work is not counted.
 """
@@ -61,6 +62,12 @@ def _recurrent_layer(input_shape, w_ih_shape, w_hh_shape, *args, out_shape=None,
 @_where_missing(aten.mkldnn_rnn_layer_backward)
 def _recurrent_layer_backward(input_shape, w_ih_shape, w_hh_shape, *args, out_shape=None, **kwargs) -> int:
     return 2 * recurrent_layer_flops(input_shape, w_ih_shape, w_hh_shape)  # the inputs' and the weights' gradients
+
+
+@_where_missing(aten.addmm_)
+def _addmm_in_place(self_shape, a_shape, b_shape, *args, out_shape=None, **kwargs) -> int:
+    """JL's linear rule adds its input tangent's product into the tangent in place."""
+    return 2 * a_shape[0] * a_shape[1] * b_shape[1]
 
 
 def _channels_first(shape: tuple[int, ...]) -> list[int]:

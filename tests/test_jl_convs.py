@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpbench.privatizers import jl as jl_module
+from dpbench.privatizers.per_sample import tangent_rules
 from dpbench.tasks import ClassificationTask
 from tests.test_jl import jl, loop_gradients
 
@@ -86,7 +86,7 @@ def test_projections_are_the_per_example_gradients_along_the_directions(name, ch
     assert projected.shape == reference.shape == (5, 4)
     torch.testing.assert_close(projected, reference, rtol=1e-10, atol=1e-12)
     with monkeypatch.context() as patch:
-        patch.setattr(jl_module, "tangent_convs", functorch_rule)
+        patch.setattr(tangent_rules, "tangent_convs", functorch_rule)
         torch.testing.assert_close(projected, _projections(model, batch, chunk_size), rtol=1e-12, atol=1e-13)
 
 

@@ -1,7 +1,7 @@
 """JL's graph-free passes run linear layers, LayerNorm and GELU by their own forward-mode rules (linear_tangent.py,
-pointwise_tangent.py): in float64 the projections are <grad loss_i, v_j> of a per-example loop, and equal those of
-functorch's rules, for every arrangement of trainable and frozen parameters, in vmapped chunks and in the
-one-direction dual pass."""
+pointwise_tangent.py): in float64 the projections are <grad loss_i, v_j>
+of a per-example loop, and equal those of functorch's rules, for every arrangement of trainable and frozen
+parameters, in vmapped chunks and in the one-direction dual pass."""
 
 import contextlib
 
@@ -20,7 +20,8 @@ TOKENS, FEATURES = 3, 5
 
 
 class Block(nn.Module):
-    """A transformer MLP block: a data-reading linear layer (no input tangent), LayerNorm, GELU, a residual."""
+    """A transformer block: a data-reading linear layer (no input tangent), LayerNorm, two-head attention (torch's
+    rule, between linear layers that take the rule), GELU, residuals."""
 
     def __init__(self, bias: bool = True, affine: bool = True, norm_bias: bool = True, approximate: str = "none",
                  norm_over_tokens: bool = False, frozen: tuple[str, ...] = ()):
@@ -28,6 +29,7 @@ class Block(nn.Module):
         self.embed = nn.Linear(FEATURES, 8, bias=bias)
         shape = (TOKENS, 8) if norm_over_tokens else (8,)
         self.norm = nn.LayerNorm(shape, elementwise_affine=affine, bias=norm_bias)
+        self.query, self.key, self.value = (nn.Linear(8, 8, bias=bias) for _ in range(3))
         self.up = nn.Linear(8, 12, bias=bias)
         self.down = nn.Linear(12, 8, bias=bias)
         self.head = nn.Linear(8, 3)
@@ -35,9 +37,17 @@ class Block(nn.Module):
         for name in frozen:
             self.get_parameter(name).requires_grad_(False)
 
+    def _attention(self, h):
+        heads = [layer(h).unflatten(-1, (2, 4)).transpose(-2, -3) for layer in (self.query, self.key, self.value)]
+        out = F.scaled_dot_product_attention(*heads)
+        return out.transpose(-2, -3).flatten(-2)
+
     def forward(self, x):
         h = self.embed(x)
-        h = h + self.down(F.gelu(self.up(self.norm(h)), approximate=self.approximate))
+        normed = self.norm(h)
+        if h.dim() == 3:
+            h = h + self._attention(normed)
+        h = h + self.down(F.gelu(self.up(normed), approximate=self.approximate))
         return self.head(h.mean(1) if h.dim() == 3 else h)
 
 
@@ -99,13 +109,15 @@ def test_projections_are_the_per_example_gradients_along_the_directions(name, ch
     assert projected.shape == reference.shape == (6, 4)
     torch.testing.assert_close(projected, reference, rtol=1e-10, atol=1e-12)
     with monkeypatch.context() as patch:
-        patch.setattr(jl_module, "tangent_layers", functorch_rules)
+        patch.setattr(jl_module, "tangent_rules", functorch_rules)
         torch.testing.assert_close(projected, _projections(model, batch, chunk_size), rtol=1e-12, atol=1e-13)
 
 
 def test_inputs_without_a_token_dimension():
+    """Without tokens the block skips its attention, whose frozen parameters then get no gradient."""
     batch = _batch(tokens=False)
-    model = Block().double()
+    model = Block(frozen=tuple(f"{layer}.{p}" for layer in ("query", "key", "value") for p in ("weight", "bias")))
+    model = model.double()
     drawn = []
     projected = _projections(model, batch, 4, drawn)
     directions = {name: torch.cat([chunk[name] for chunk in drawn]) for name in drawn[0]}
@@ -127,4 +139,4 @@ def test_the_vmapped_chunk_takes_each_rule_once_per_layer(monkeypatch):
 
         monkeypatch.setattr(owner, name, staticmethod(counting))
     _projections(Block(), (torch.randn(6, TOKENS, FEATURES), torch.randint(0, 3, (6,))), chunk_size=4)
-    assert sorted(calls) == ["_GeluTangents", "_LayerNormTangents"] + ["_LinearTangents"] * 4
+    assert sorted(calls) == ["_GeluTangents", "_LayerNormTangents"] + ["_LinearTangents"] * 7

@@ -95,3 +95,10 @@ def test_grouped_convolution_backward_counts_each_group_once(groups: int, transp
     counted, by_group = _counted(grouped), _counted(separate)
     assert counted["convolution_backward"] == by_group["convolution_backward"]
     assert counted["convolution"] == by_group["convolution"]
+
+
+def test_a_product_added_in_place_counts_as_the_product():
+    """JL's linear rule adds its input tangent's product into the tangent in place (total.addmm_)."""
+    total, a, b = torch.zeros(6, 5), torch.randn(6, 4), torch.randn(4, 5)
+    assert _counted(lambda: total.addmm_(a, b)) == {"addmm_": 2 * 6 * 4 * 5}
+    assert _counted(lambda: torch.addmm(total, a, b)) == {"addmm": 2 * 6 * 4 * 5}

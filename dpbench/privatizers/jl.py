@@ -21,11 +21,9 @@ records each nn.LSTM call; in the jvp pass every nn.LSTM reuses its recorded res
 from a linearised recurrence shared by the r directions (dpbench.privatizers.per_sample.lstm_tangent), and an output
 sequence the loss never reads gets no tangent at all; other RNNs run their non-fused kernels in that pass.
 Random ops such as dropout replay the same stream in both passes, max-pooling in the graph-free passes gathers at
-the graph pass's argmax instead of pooling again (dpbench.privatizers.per_sample.pool_tangent), convolutions
-there stack the directions' weight tangents into one convolution with the bias inside
-(dpbench.privatizers.per_sample.conv_tangent), linear layers accumulate both terms of their tangent into the bias
-tangent in place (linear_tangent), and LayerNorm and GELU compute what depends on the primal once for all
-directions (pointwise_tangent): the ViT's JL step at batch 500 took 1,590 against 1,830 ms (one thread, CPU).
+the graph pass's argmax instead of pooling again (dpbench.privatizers.per_sample.pool_tangent), and convolutions,
+linear layers, LayerNorm and GELU take dpbench's own forward-mode rules (per_sample.tangent_rules), which get the r
+directions' tangents at once: the ViT's JL step at batch 500 took 1,590 against 1,830 ms with them (one thread, CPU).
 """
 
 from __future__ import annotations
@@ -54,16 +52,14 @@ from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepCo
 from dpbench.privatizers.clipping import clip_factors, clipping_stats
 from dpbench.privatizers.per_sample import PerSampleMismatch, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.compiled_tangents import CompiledTangents
-from dpbench.privatizers.per_sample.conv_tangent import tangent_convs
-from dpbench.privatizers.per_sample.linear_tangent import tangent_linears
 from dpbench.privatizers.per_sample.lstm_tangent import (
     Recorded,
     jvp_lstm_forward,
     mark_unread_outputs,
     record_call,
 )
-from dpbench.privatizers.per_sample.pointwise_tangent import TangentPointwise
 from dpbench.privatizers.per_sample.pool_tangent import gathering_pools, recording_pools
+from dpbench.privatizers.per_sample.tangent_rules import tangent_rules
 from dpbench.privatizers.per_sample.verify import loss_deviation, tolerance
 from dpbench.profiling.memory import free_mb
 from dpbench.tasks import Batch, Task, batch_size_of
@@ -103,14 +99,6 @@ def tangent_lstms(model: nn.Module, recorded: dict[nn.Module, Recorded | None]) 
     finally:
         for module in lstms:
             del module.forward
-
-
-@contextlib.contextmanager
-def tangent_layers(model: nn.Module) -> Iterator[None]:
-    """Convolutions, linear layers, LayerNorm and activations by their own forward-mode rules in the graph-free
-    passes."""
-    with tangent_convs(model), tangent_linears(model), TangentPointwise():
-        yield
 
 
 @contextlib.contextmanager
@@ -350,7 +338,7 @@ class JL(PrivatizerStrategy):
             if self._compiled is None:
                 self._compiled = CompiledTangents(functools.partial(directional_projections, model, task))
         kernels = forward_ad_kernels(model, recorded if self.recurrent else None)
-        rules = contextlib.nullcontext() if self.config.compile else tangent_layers(model)
+        rules = contextlib.nullcontext() if self.config.compile else tangent_rules(model)
         with torch.random.fork_rng(devices=replay.devices), kernels, rules, gathering_pools(pools) as gathering:
             def restore() -> None:
                 replay.restore()

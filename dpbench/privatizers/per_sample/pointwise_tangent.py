@@ -12,12 +12,11 @@ from __future__ import annotations
 
 import functools
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.overrides import TorchFunctionMode
 
 from dpbench.privatizers.per_sample.linear_tangent import directions_first
 
@@ -41,8 +40,8 @@ def _layer_norm_tangent(normalised: Tensor, inverse: Tensor, weight: Tensor | No
         total.addcmul_(normalised, projection, value=-1)
         total.mul_(inverse if weight is None else inverse * weight.reshape(-1))
     if dweight is not None:
-        by_weight = normalised * dweight.flatten(1).unsqueeze(1)
-        total = by_weight if total is None else total.add_(by_weight)
+        dweight = dweight.flatten(1).unsqueeze(1)
+        total = normalised * dweight if total is None else total.addcmul_(normalised, dweight)
     if dbias is not None:
         by_bias = dbias.flatten(1).unsqueeze(1)
         total = by_bias.expand(by_bias.shape[0], *normalised.shape).clone() if total is None else total.add_(by_bias)
@@ -140,27 +139,10 @@ class _GeluJvp(torch.autograd.Function):
         return None if dx is None else _GeluTangents.apply(x, dx, ctx.approximate)
 
 
-def _layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
+def layer_norm(x: Tensor, normalized_shape: Sequence[int], weight: Tensor | None = None,
                 bias: Tensor | None = None, eps: float = 1e-5) -> Tensor:
     return _LayerNormJvp.apply(x, tuple(normalized_shape), weight, bias, eps)
 
 
-def _gelu(x: Tensor, approximate: str = "none") -> Tensor:
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     return _GeluJvp.apply(x, approximate)
-
-
-RULES: dict[Callable, Callable] = {F.layer_norm: _layer_norm, F.gelu: _gelu}
-"""Functions (as __torch_function__ sees them) whose calls take the rules above. Activations whose forward-mode rule
-reads their output (tanh, ReLU, sigmoid) keep functorch's: one fused pass already, and a rule here cost the CNN's JL
-step 6% (tanh)."""
-
-
-class TangentPointwise(TorchFunctionMode):
-    """While active, LayerNorm and GELU calls run through their rules (JL's graph-free passes only:
-    the rules carry no backward)."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
-        rule = RULES.get(func)
-        if rule is None or (kwargs and "out" in kwargs) or not isinstance(args[0], Tensor):
-            return func(*args, **(kwargs or {}))
-        return rule(*args, **(kwargs or {}))
