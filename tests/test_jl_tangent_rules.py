@@ -61,8 +61,10 @@ CASES = {
     "frozen weight, trainable bias": dict(frozen=("up.weight",)),
     "frozen linear layer": dict(frozen=("up.weight", "up.bias")),
     "frozen data-reading layer": dict(frozen=("embed.weight", "embed.bias")),
+    "data-reading layer: frozen weight, trainable bias": dict(frozen=("embed.weight",)),
     "frozen LayerNorm weight": dict(frozen=("norm.weight",)),
     "frozen LayerNorm": dict(frozen=("norm.weight", "norm.bias")),
+    "LayerNorm's bias the only tangent": dict(frozen=("embed.weight", "embed.bias", "norm.weight")),
 }
 
 

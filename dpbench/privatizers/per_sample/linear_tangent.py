@@ -26,7 +26,7 @@ def _formula(x: Tensor, weight: Tensor, dx: Tensor | None, dweight: Tensor | Non
     if dweight is not None:
         parts.append(F.linear(x, dweight, dbias))
     elif dbias is not None:
-        parts.append(dbias.expand(*x.shape[:-1], weight.shape[0]))
+        parts.append(dbias.expand(*x.shape[:-1], weight.shape[0]).contiguous())  # a tangent with the primal's layout
     if dx is not None:
         parts.append(F.linear(dx, weight))
     return functools.reduce(torch.add, parts)
