@@ -82,10 +82,11 @@ class JLConfig:
     forward pass's activations (1: memory close to non-private training); null: all of them, or as many as half the
     free memory (the CUDA device's, else the host's) holds, judged from the graph pass's saved activations."""
     compile: bool = False
-    """torch.compile the graph-free directions (per_sample/compiled_tangents.py). It paid on the ViT and lost on the
-    CNN: JL r = 10 steps of the ViT at batch 500 took 1,503 against 1,875 ms, of the CNN at batch 256 333 against
-    164 ms (one thread, CPU, 2026-11-27). Each padded batch size compiles once (about 45 s for
-    that ViT on CPU). Refused for recurrent models and for models that draw random numbers (dropout)."""
+    """torch.compile the graph-free directions (per_sample/compiled_tangents.py; functorch's rules, not dpbench's
+    own). It pays a little on the ViT and loses on the CNN: JL r = 10 steps of the ViT at batch 500 took 1,501
+    against 1,595 ms eager, of the CNN at batch 256 327 against 150 ms (one thread, CPU, 2026-11-27). Each padded
+    batch size compiles once (about 45 s for that ViT on CPU). Refused for recurrent models and for models that draw
+    random numbers (dropout)."""
 
 
 @contextlib.contextmanager
