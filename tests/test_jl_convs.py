@@ -62,7 +62,7 @@ def _projections(model, batch, chunk_size, drawn=None, seed=5):
 
         def recording(params, count):
             tangents = draw(params, count)
-            drawn.append(tangents)
+            drawn.append({name: t.clone() for name, t in tangents.items()})  # as drawn, before any pass ran
             return tangents
 
         strategy._draw = recording

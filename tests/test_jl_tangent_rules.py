@@ -12,6 +12,7 @@ from torch import nn
 
 from dpbench.privatizers import jl as jl_module
 from dpbench.privatizers.per_sample import linear_tangent, pointwise_tangent
+from dpbench.privatizers.per_sample.tangent_rules import tangent_rules
 from dpbench.tasks import ClassificationTask
 from tests.test_jl import jl, loop_gradients
 
@@ -81,7 +82,7 @@ def _projections(model, batch, chunk_size, drawn=None):
 
         def recording(params, count):
             tangents = draw(params, count)
-            drawn.append(tangents)
+            drawn.append({name: t.clone() for name, t in tangents.items()})  # as drawn, before any pass ran
             return tangents
 
         strategy._draw = recording
@@ -142,3 +143,51 @@ def test_the_vmapped_chunk_takes_each_rule_once_per_layer(monkeypatch):
         monkeypatch.setattr(owner, name, staticmethod(counting))
     _projections(Block(), (torch.randn(6, TOKENS, FEATURES), torch.randint(0, 3, (6,))), chunk_size=4)
     assert sorted(calls) == ["_GeluTangents", "_LayerNormTangents"] + ["_LinearTangents"] * 7
+
+
+class SharedLayer(nn.Module):
+    """One linear layer applied twice with an in-place activation between: a tangent that aliased a direction's
+    storage would be written by the second call."""
+
+    def __init__(self):
+        super().__init__()
+        self.shared = nn.Linear(4, 4)
+        self.head = nn.Linear(4, 3)
+
+    def forward(self, x):
+        h = torch.relu_(self.shared(x))
+        return self.head(h + self.shared(h))
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4], ids=["dual pass", "vmap chunk"])
+@pytest.mark.parametrize("rows", [1, 3])
+def test_a_bias_only_tangent_over_one_row_stays_its_own(rows, chunk_size, monkeypatch):
+    """Over a single row a bias tangent expanded to the output is the direction's own storage unless copied; the
+    rule must never hand it on (a Poisson batch of one, the NaN retry's smaller batch)."""
+    torch.manual_seed(1)
+    model = SharedLayer().double()
+    model.shared.weight.requires_grad_(False)
+    batch = (torch.randn(rows, 4, dtype=torch.float64), torch.randint(0, 3, (rows,)))
+    drawn = []
+    projected = _projections(model, batch, chunk_size, drawn)
+    directions = {name: torch.cat([chunk[name] for chunk in drawn]) for name in drawn[0]}
+    reference = torch.stack([sum((grads[name] * directions[name]).flatten(1).sum(1) for name in grads)
+                             for grads in loop_gradients(model, batch)])
+    torch.testing.assert_close(projected, reference, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("layer", ["linear", "layer_norm", "gelu"])
+def test_the_rules_batch_over_a_batched_primal(layer):
+    """Outside JL's shape (the primal itself batched) each rule gives functorch's tangents."""
+    torch.manual_seed(2)
+    module = {"linear": nn.Linear(5, 3), "layer_norm": nn.LayerNorm(5), "gelu": nn.GELU()}[layer].double()
+    xs, tangents = torch.randn(4, 2, 5, dtype=torch.float64), torch.randn(4, 2, 5, dtype=torch.float64)
+
+    def tangent(x, dx):
+        return torch.func.jvp(module, (x,), (dx,))[1]
+
+    with torch.no_grad():
+        expected = torch.vmap(tangent)(xs, tangents)
+        with tangent_rules(module):
+            got = torch.vmap(tangent)(xs, tangents)
+    torch.testing.assert_close(got, expected, rtol=1e-12, atol=1e-13)

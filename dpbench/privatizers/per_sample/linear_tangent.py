@@ -26,10 +26,16 @@ def _formula(x: Tensor, weight: Tensor, dx: Tensor | None, dweight: Tensor | Non
     if dweight is not None:
         parts.append(F.linear(x, dweight, dbias))
     elif dbias is not None:
-        parts.append(dbias.expand(*x.shape[:-1], weight.shape[0]).contiguous())  # a tangent with the primal's layout
+        parts.append(_fresh(dbias.expand(*x.shape[:-1], weight.shape[0])))
     if dx is not None:
         parts.append(F.linear(dx, weight))
     return functools.reduce(torch.add, parts)
+
+
+def _fresh(expanded: Tensor) -> Tensor:
+    """An expanded tangent as a tensor of its own, in the primal's layout: never the direction's storage (over a
+    single row, `contiguous()` would return the direction itself, which the in-place product below then writes)."""
+    return expanded.clone(memory_format=torch.contiguous_format)
 
 
 def directions_first(tangent: Tensor | None, dim: int | None, count: int) -> Tensor | None:
@@ -63,7 +69,7 @@ class _LinearTangents(torch.autograd.Function):
             total = torch.bmm(shared, by_weight) if dbias is None else torch.baddbmm(dbias.unsqueeze(1), shared,
                                                                                       by_weight)
         elif dbias is not None:
-            total = dbias.unsqueeze(1).expand(count, rows.shape[0], out).contiguous()
+            total = _fresh(dbias.unsqueeze(1).expand(count, rows.shape[0], out))
         if dx is not None:
             by_input = dx.reshape(-1, features)
             if dweight is None and dbias is None:

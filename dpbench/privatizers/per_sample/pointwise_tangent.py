@@ -48,15 +48,30 @@ def _layer_norm_tangent(normalised: Tensor, inverse: Tensor, weight: Tensor | No
     return total
 
 
+def _layer_norm_formula(x: Tensor, weight: Tensor | None, dx: Tensor | None, dweight: Tensor | None,
+                        dbias: Tensor | None, shape: tuple[int, ...], eps: float) -> Tensor:
+    """The same tangent for one direction, out of place (so that functorch can also batch it over the primal)."""
+    dims = tuple(range(-len(shape), 0))
+    var, mean = torch.var_mean(x, dims, correction=0, keepdim=True)
+    inverse = (var + eps).rsqrt()
+    normalised = (x - mean) * inverse
+    parts = []
+    if dx is not None:
+        centred = dx - dx.mean(dims, keepdim=True) - normalised * (dx * normalised).mean(dims, keepdim=True)
+        parts.append(centred * inverse if weight is None else centred * inverse * weight)
+    if dweight is not None:
+        parts.append(normalised * dweight)
+    if dbias is not None:
+        parts.append(torch.zeros_like(x) + dbias)
+    return functools.reduce(torch.add, parts)
+
+
 class _LayerNormTangents(torch.autograd.Function):
     """The tangent as one op whose vmap rule takes the directions at once."""
 
     @staticmethod
     def forward(x, weight, dx, dweight, dbias, shape, eps):  # noqa: ANN001, ANN205
-        size = math.prod(shape)
-        normalised, inverse = _normalised(x, size, eps)
-        tangents = [None if t is None else t.reshape(1, -1, size) for t in (dx, dweight, dbias)]
-        return _layer_norm_tangent(normalised, inverse, weight, *tangents).view(x.shape)
+        return _layer_norm_formula(x, weight, dx, dweight, dbias, shape, eps)
 
     @staticmethod
     def setup_context(ctx, inputs, output) -> None:  # noqa: ANN001
@@ -64,8 +79,8 @@ class _LayerNormTangents(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, x, weight, dx, dweight, dbias, shape, eps):  # noqa: ANN001, ANN205
-        if in_dims[0] is not None or in_dims[1] is not None:  # the primal batched, not JL's shape: per direction
-            return torch.vmap(functools.partial(_LayerNormTangents.apply, shape=shape, eps=eps),
+        if in_dims[0] is not None or in_dims[1] is not None:  # the primal batched, not JL's shape: functorch batches
+            return torch.vmap(functools.partial(_layer_norm_formula, shape=shape, eps=eps),
                               in_dims=in_dims[:5])(x, weight, dx, dweight, dbias), 0
         count, size = info.batch_size, math.prod(shape)
         normalised, inverse = _normalised(x, size, eps)
@@ -114,8 +129,8 @@ class _GeluTangents(torch.autograd.Function):
 
     @staticmethod
     def vmap(info, in_dims, x, dx, approximate):  # noqa: ANN001, ANN205
-        if in_dims[0] is not None:
-            return torch.vmap(functools.partial(_GeluTangents.apply, approximate=approximate),
+        if in_dims[0] is not None:  # the primal batched, not JL's shape: functorch batches the formula
+            return torch.vmap(lambda a, b: torch.ops.aten.gelu_backward(b, a, approximate=approximate),
                               in_dims=in_dims[:2])(x, dx), 0
         return directions_first(dx, in_dims[1], info.batch_size) * _gelu_derivative(x, approximate), 0
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
@@ -27,9 +28,11 @@ directions, 66 against 91 ms alone on the ViT's shapes but no faster in the ViT'
 
 
 class _FunctionRules(TorchFunctionMode):
+    """Calls with gradients enabled keep torch's functions: the rules have no backward."""
+
     def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001, ANN204
         rule = FUNCTION_RULES.get(func)
-        if rule is None or not args or not isinstance(args[0], Tensor):
+        if rule is None or torch.is_grad_enabled() or not args or not isinstance(args[0], Tensor):
             return func(*args, **(kwargs or {}))
         return rule(*args, **(kwargs or {}))
 
