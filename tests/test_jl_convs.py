@@ -2,18 +2,13 @@
 projections are <grad loss_i, v_j> of a per-example loop, and equal those of functorch's rule for every kind of
 convolution, in vmapped chunks and in the one-direction dual pass."""
 
-import contextlib
-
 import pytest
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from dpbench.privatizers.per_sample import tangent_rules
-from dpbench.tasks import ClassificationTask
-from tests.test_jl import jl, loop_gradients
-
-TASK = ClassificationTask()
+from tests.jl_projections import projections, projections_and_reference
 
 
 class ConvNet(nn.Module):
@@ -49,26 +44,6 @@ CASES = {
 }
 
 
-@contextlib.contextmanager
-def functorch_rule(model):
-    yield
-
-
-def _projections(model, batch, chunk_size, drawn=None, seed=5):
-    strategy = jl(4, chunk_size=chunk_size, seed=seed)
-    strategy.attach(model)
-    if drawn is not None:
-        draw = strategy._draw
-
-        def recording(params, count):
-            tangents = draw(params, count)
-            drawn.append({name: t.clone() for name, t in tangents.items()})  # as drawn, before any pass ran
-            return tangents
-
-        strategy._draw = recording
-    return strategy.projections(model, TASK, batch)[1]
-
-
 @pytest.mark.parametrize("chunk_size", [1, 4], ids=["dual pass", "vmap chunk"])
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_projections_are_the_per_example_gradients_along_the_directions(name, chunk_size, monkeypatch):
@@ -78,16 +53,13 @@ def test_projections_are_the_per_example_gradients_along_the_directions(name, ch
     x = torch.randn(5, 2, *size, dtype=torch.float64)
     batch = (x, torch.randint(0, 3, (5,)))
     model(x)  # materialise the lazy head
-    drawn = []
-    projected = _projections(model, batch, chunk_size, drawn)
-    directions = {name: torch.cat([chunk[name] for chunk in drawn]) for name in drawn[0]}
-    reference = torch.stack([sum((grads[name] * directions[name]).flatten(1).sum(1) for name in grads)
-                             for grads in loop_gradients(model, batch)])
+    projected, reference = projections_and_reference(model, batch, chunk_size)
     assert projected.shape == reference.shape == (5, 4)
     torch.testing.assert_close(projected, reference, rtol=1e-10, atol=1e-12)
     with monkeypatch.context() as patch:
-        patch.setattr(tangent_rules, "tangent_convs", functorch_rule)
-        torch.testing.assert_close(projected, _projections(model, batch, chunk_size), rtol=1e-12, atol=1e-13)
+        for convolution in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
+            patch.delitem(tangent_rules.MODULE_RULES, convolution)
+        torch.testing.assert_close(projected, projections(model, batch, chunk_size), rtol=1e-12, atol=1e-13)
 
 
 def test_the_first_layers_weight_tangents_run_as_one_convolution(monkeypatch):
@@ -104,5 +76,5 @@ def test_the_first_layers_weight_tangents_run_as_one_convolution(monkeypatch):
         return original(inputs, weight, bias, *args)
 
     monkeypatch.setattr(F, "conv2d", counting)
-    _projections(model, (x, torch.randint(0, 3, (5,))), chunk_size=4)
+    projections(model, (x, torch.randint(0, 3, (5,))), chunk_size=4)
     assert ((5, 2, 7, 7), (16, 2, 3, 3), (16,)) in calls

@@ -1,7 +1,7 @@
 """JL's graph-free passes run linear layers, LayerNorm and GELU by their own forward-mode rules (linear_tangent.py,
-pointwise_tangent.py): in float64 the projections are <grad loss_i, v_j>
-of a per-example loop, and equal those of functorch's rules, for every arrangement of trainable and frozen
-parameters, in vmapped chunks and in the one-direction dual pass."""
+pointwise_tangent.py): in float64 the projections are <grad loss_i, v_j> of a per-example loop, and equal those of
+functorch's rules, for every arrangement of trainable and frozen parameters, in vmapped chunks and in the
+one-direction dual pass."""
 
 import contextlib
 
@@ -13,10 +13,8 @@ from torch import nn
 from dpbench.privatizers import jl as jl_module
 from dpbench.privatizers.per_sample import linear_tangent, pointwise_tangent
 from dpbench.privatizers.per_sample.tangent_rules import tangent_rules
-from dpbench.tasks import ClassificationTask
-from tests.test_jl import jl, loop_gradients
+from tests.jl_projections import projections, projections_and_reference
 
-TASK = ClassificationTask()
 TOKENS, FEATURES = 3, 5
 
 
@@ -74,21 +72,6 @@ def functorch_rules(model):
     yield
 
 
-def _projections(model, batch, chunk_size, drawn=None):
-    strategy = jl(4, chunk_size=chunk_size, seed=5)
-    strategy.attach(model)
-    if drawn is not None:
-        draw = strategy._draw
-
-        def recording(params, count):
-            tangents = draw(params, count)
-            drawn.append({name: t.clone() for name, t in tangents.items()})  # as drawn, before any pass ran
-            return tangents
-
-        strategy._draw = recording
-    return strategy.projections(model, TASK, batch)[1]
-
-
 def _batch(tokens: bool = True):
     torch.manual_seed(0)
     shape = (6, TOKENS, FEATURES) if tokens else (6, FEATURES)
@@ -104,16 +87,12 @@ def test_projections_are_the_per_example_gradients_along_the_directions(name, ch
         for module in (model.norm,):
             for p in module.parameters():
                 p.add_(torch.randn_like(p) * 0.3)
-    drawn = []
-    projected = _projections(model, batch, chunk_size, drawn)
-    directions = {name: torch.cat([chunk[name] for chunk in drawn]) for name in drawn[0]}
-    reference = torch.stack([sum((grads[name] * directions[name]).flatten(1).sum(1) for name in grads)
-                             for grads in loop_gradients(model, batch)])
+    projected, reference = projections_and_reference(model, batch, chunk_size)
     assert projected.shape == reference.shape == (6, 4)
     torch.testing.assert_close(projected, reference, rtol=1e-10, atol=1e-12)
     with monkeypatch.context() as patch:
         patch.setattr(jl_module, "tangent_rules", functorch_rules)
-        torch.testing.assert_close(projected, _projections(model, batch, chunk_size), rtol=1e-12, atol=1e-13)
+        torch.testing.assert_close(projected, projections(model, batch, chunk_size), rtol=1e-12, atol=1e-13)
 
 
 def test_inputs_without_a_token_dimension():
@@ -121,11 +100,7 @@ def test_inputs_without_a_token_dimension():
     batch = _batch(tokens=False)
     model = Block(frozen=tuple(f"{layer}.{p}" for layer in ("query", "key", "value") for p in ("weight", "bias")))
     model = model.double()
-    drawn = []
-    projected = _projections(model, batch, 4, drawn)
-    directions = {name: torch.cat([chunk[name] for chunk in drawn]) for name in drawn[0]}
-    reference = torch.stack([sum((grads[name] * directions[name]).flatten(1).sum(1) for name in grads)
-                             for grads in loop_gradients(model, batch)])
+    projected, reference = projections_and_reference(model, batch, 4)
     torch.testing.assert_close(projected, reference, rtol=1e-10, atol=1e-12)
 
 
@@ -141,7 +116,7 @@ def test_the_vmapped_chunk_takes_each_rule_once_per_layer(monkeypatch):
             return original(*args)
 
         monkeypatch.setattr(owner, name, staticmethod(counting))
-    _projections(Block(), (torch.randn(6, TOKENS, FEATURES), torch.randint(0, 3, (6,))), chunk_size=4)
+    projections(Block(), (torch.randn(6, TOKENS, FEATURES), torch.randint(0, 3, (6,))), chunk_size=4)
     assert sorted(calls) == ["_GeluTangents", "_LayerNormTangents"] + ["_LinearTangents"] * 7
 
 
@@ -168,11 +143,7 @@ def test_a_bias_only_tangent_over_one_row_stays_its_own(rows, chunk_size, monkey
     model = SharedLayer().double()
     model.shared.weight.requires_grad_(False)
     batch = (torch.randn(rows, 4, dtype=torch.float64), torch.randint(0, 3, (rows,)))
-    drawn = []
-    projected = _projections(model, batch, chunk_size, drawn)
-    directions = {name: torch.cat([chunk[name] for chunk in drawn]) for name in drawn[0]}
-    reference = torch.stack([sum((grads[name] * directions[name]).flatten(1).sum(1) for name in grads)
-                             for grads in loop_gradients(model, batch)])
+    projected, reference = projections_and_reference(model, batch, chunk_size)
     torch.testing.assert_close(projected, reference, rtol=1e-10, atol=1e-12)
 
 

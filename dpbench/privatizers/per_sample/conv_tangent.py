@@ -11,14 +11,10 @@ tangent's convolution adds into the result in place. Same arithmetic, so the pro
 
 from __future__ import annotations
 
-import contextlib
 import functools
-from collections.abc import Iterator
 
 import torch
 from torch import Tensor, nn
-
-CONVOLUTIONS = (nn.Conv1d, nn.Conv2d, nn.Conv3d)
 
 
 def _formula(x: Tensor, weight: Tensor, dx: Tensor | None, dweight: Tensor | None, dbias: Tensor | None,
@@ -92,18 +88,6 @@ class _ConvJvp(torch.autograd.Function):
         return _ConvTangents.apply(x, weight, dx, dweight, dbias, ctx.module)
 
 
-def _tangent_forward(module: nn.Module, x: Tensor) -> Tensor:
+def convolution(module: nn.Module, x: Tensor) -> Tensor:
+    """The module's forward with the rule above (tangent_rules.py switches it in)."""
     return _ConvJvp.apply(x, module.weight, module.bias, module)
-
-
-@contextlib.contextmanager
-def tangent_convs(model: nn.Module) -> Iterator[None]:
-    """While the block runs, every convolution (1d, 2d, 3d; not transposed) uses the rule above."""
-    convs = [m for m in model.modules() if type(m) in CONVOLUTIONS and "forward" not in vars(m)]
-    for module in convs:
-        module.forward = functools.partial(_tangent_forward, module)
-    try:
-        yield
-    finally:
-        for module in convs:
-            del module.forward

@@ -9,6 +9,7 @@ take them too. The rules carry no backward: they hold only inside the no-grad pa
 from __future__ import annotations
 
 import contextlib
+import functools
 from collections.abc import Callable, Iterator
 
 import torch
@@ -16,9 +17,14 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from dpbench.privatizers.per_sample.conv_tangent import tangent_convs
-from dpbench.privatizers.per_sample.linear_tangent import tangent_linears
+from dpbench.privatizers.per_sample.conv_tangent import convolution
+from dpbench.privatizers.per_sample.linear_tangent import linear
 from dpbench.privatizers.per_sample.pointwise_tangent import gelu, layer_norm
+
+MODULE_RULES: dict[type[nn.Module], Callable[[nn.Module, Tensor], Tensor]] = {
+    nn.Conv1d: convolution, nn.Conv2d: convolution, nn.Conv3d: convolution, nn.Linear: linear,
+}
+"""Module types (exactly: subclasses may compute otherwise) whose forward takes a rule (not transposed convolutions)."""
 
 FUNCTION_RULES: dict[Callable, Callable] = {F.layer_norm: layer_norm, F.gelu: gelu}
 """Functions (as __torch_function__ sees them) whose calls take a rule. Tried and left out, as they did not win in
@@ -38,7 +44,20 @@ class _FunctionRules(TorchFunctionMode):
 
 
 @contextlib.contextmanager
+def _module_rules(model: nn.Module) -> Iterator[None]:
+    """Modules whose instance already has its own forward (patched by someone else) keep it."""
+    modules = [m for m in model.modules() if type(m) in MODULE_RULES and "forward" not in vars(m)]
+    for module in modules:
+        module.forward = functools.partial(MODULE_RULES[type(module)], module)
+    try:
+        yield
+    finally:
+        for module in modules:
+            del module.forward
+
+
+@contextlib.contextmanager
 def tangent_rules(model: nn.Module) -> Iterator[None]:
     """While the block runs, the model's convolutions, linear layers, LayerNorm and GELU take the rules."""
-    with tangent_convs(model), tangent_linears(model), _FunctionRules():
+    with _module_rules(model), _FunctionRules():
         yield
