@@ -16,6 +16,8 @@ import functools
 import torch
 from torch import Tensor, nn
 
+from dpbench.privatizers.per_sample.tangent_batching import directions_first
+
 
 def _formula(x: Tensor, weight: Tensor, dx: Tensor | None, dweight: Tensor | None, dbias: Tensor | None,
              module: nn.Module) -> Tensor:
@@ -47,16 +49,14 @@ class _ConvTangents(torch.autograd.Function):
             return torch.vmap(functools.partial(_formula, module=module), in_dims=in_dims[:5])(
                 x, weight, dx, dweight, dbias), 0
         count, out = info.batch_size, weight.shape[0]
-        stacked_weight = dweight.movedim(dweight_dim, 0).reshape(count * out, *weight.shape[1:])
-        stacked_bias = None
-        if dbias is not None:
-            dbias = dbias.movedim(dbias_dim, 0) if dbias_dim is not None else dbias.expand(count, out)
-            stacked_bias = dbias.reshape(count * out)
+        stacked_weight = directions_first(dweight, dweight_dim, count).reshape(count * out, *weight.shape[1:])
+        dbias = directions_first(dbias, dbias_dim, count)
+        stacked_bias = None if dbias is None else dbias.reshape(count * out)
         by_weight = module._conv_forward(x, stacked_weight, stacked_bias)  # (B, count * out, ...)
         by_weight = by_weight.view(x.shape[0], count, out, *by_weight.shape[2:])
         if dx is None:  # directions first, so each direction's tangent has the primal's strides, as forward AD needs
             return by_weight.transpose(0, 1).contiguous(), 0
-        dx = dx.movedim(dx_dim, 0) if dx_dim is not None else dx.expand(count, *dx.shape)
+        dx = directions_first(dx, dx_dim, count)
         total = module._conv_forward(dx.reshape(count * dx.shape[1], *dx.shape[2:]), weight, None)
         total = total.view(count, x.shape[0], *total.shape[1:])
         return total.add_(by_weight.transpose(0, 1)), 0

@@ -17,6 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpbench.privatizers.per_sample.tangent_batching import directions_first
+
 
 def _formula(x: Tensor, weight: Tensor, dx: Tensor | None, dweight: Tensor | None, dbias: Tensor | None) -> Tensor:
     """x dW^T + db + dx W^T, one direction (terms with no tangent left out)."""
@@ -34,13 +36,6 @@ def _fresh(expanded: Tensor) -> Tensor:
     """An expanded tangent as a tensor of its own, in the primal's layout: never the direction's storage (over a
     single row, `contiguous()` would return the direction itself, which the in-place product below then writes)."""
     return expanded.clone(memory_format=torch.contiguous_format)
-
-
-def directions_first(tangent: Tensor | None, dim: int | None, count: int) -> Tensor | None:
-    """A vmapped tangent with its `count` directions in front (expanded when it has none)."""
-    if tangent is None:
-        return None
-    return tangent.movedim(dim, 0) if dim is not None else tangent.expand(count, *tangent.shape)
 
 
 class _LinearTangents(torch.autograd.Function):

@@ -23,6 +23,7 @@ from torch import Tensor, nn
 from dpbench.errors import UnsupportedModelError
 from dpbench.privatizers.per_sample.base import graph_nodes
 from dpbench.privatizers.per_sample.recurrent import check_recomputable, stacked_layer_weights
+from dpbench.privatizers.per_sample.tangent_batching import directions_first
 
 TIME_CHUNK = 16
 """Time steps whose gates and tangent inputs are held at once."""
@@ -144,14 +145,11 @@ class _LayerTangents(torch.autograd.Function):
     def vmap(info, in_dims, x, output, w_ih, w_hh, bias, dx, dw_ih, dw_hh, dbias, with_output):  # noqa: ANN001, ANN205
         if any(dim is not None for dim in in_dims[:5]):
             raise UnsupportedModelError("the forward-mode nn.LSTM rule batches tangents only, not primal inputs")
-
-        def leading(tensor: Tensor | None, dim: int | None) -> Tensor | None:
-            if tensor is None:
-                return None
-            return tensor.expand(info.batch_size, *tensor.shape) if dim is None else tensor.movedim(dim, 0)
-
-        tangents = tuple(leading(t, d) for t, d in zip((dw_ih, dw_hh, dbias), in_dims[6:9], strict=True))
-        outputs = lstm_layer_tangents(x, output, (w_ih, w_hh, bias), leading(dx, in_dims[5]), tangents, with_output)
+        count = info.batch_size
+        tangents = tuple(directions_first(t, d, count) for t, d in zip((dw_ih, dw_hh, dbias), in_dims[6:9],
+                                                                         strict=True))
+        outputs = lstm_layer_tangents(x, output, (w_ih, w_hh, bias), directions_first(dx, in_dims[5], count),
+                                      tangents, with_output)
         return outputs, (0 if with_output else None, 0, 0)
 
 
