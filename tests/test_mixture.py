@@ -8,6 +8,7 @@ from scipy import integrate, optimize, special, stats
 
 from dpbench.privacy import PrivacyAccountant, SubsampledGaussian
 from dpbench.privacy.mixture import MAX_LOSS_CAP, SubsampledGaussianMixture, capped_prv
+from dpbench.privacy.subsampling import log_sum_exp
 
 
 def gaussian_delta(mu: float, eps: float) -> float:
@@ -123,3 +124,28 @@ def test_rdp_curve_in_one_pass_equals_one_order_at_a_time_and_the_closed_sum():
         moment = np.logaddexp(special.logsumexp(special.logsumexp(terms, axis=1), b=batch.weights),
                               np.log((1 - batch.q) * batch.revealed_mass) + (n - 1) * batch.floor)
         assert batch.rdp(float(n)) <= (moment - np.log1p(-batch.pm_inf)) / (n - 1) * (1 + 1e-9)
+
+
+def test_log_sum_exp_is_scipys_logsumexp():
+    """The accountant's own log-sum-exp (speed) against scipy's, with weights and rows whose terms are all -inf."""
+    rng = np.random.default_rng(0)
+    values = rng.normal(scale=300.0, size=(7, 40))
+    values[2] = -np.inf
+    values[4, ::3] = -np.inf
+    weights = rng.uniform(0.0, 2.0, size=(1, 40))
+    for axis in (0, 1):
+        np.testing.assert_allclose(log_sum_exp(values, axis=axis), special.logsumexp(values, axis=axis), rtol=1e-13)
+    np.testing.assert_allclose(log_sum_exp(values, axis=1, weights=weights),
+                               special.logsumexp(values, axis=1, b=weights), rtol=1e-13)
+
+
+@pytest.mark.parametrize("exponent", [1.0, -1.0])
+def test_effective_sigma_and_its_tail_follow_scipys_chi_square(exponent):
+    """The chi-square law by scipy's special functions equals scipy.stats.chi2's ppf/isf and cdf/sf."""
+    df, sigma = 10, 1.3
+    mechanism = SubsampledGaussianMixture(0.1, sigma, df, exponent)
+    tails = np.array([1e-12, 1e-6, 0.01, 0.3, 0.7])
+    law = stats.chi2(df)
+    scale = (law.ppf(tails) if exponent > 0 else law.isf(tails)) / df
+    np.testing.assert_allclose(mechanism.effective_sigma(tails), sigma * scale ** (exponent / 2), rtol=1e-12)
+    np.testing.assert_allclose(mechanism.tail_probability(mechanism.effective_sigma(tails)), tails, rtol=1e-9)
