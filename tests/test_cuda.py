@@ -13,8 +13,11 @@ from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, Material
 from dpbench.profiling.max_batch import run_trial
 from dpbench.tasks import ClassificationTask
 from tests.cli import FAST, dpbench, results
+from tests.jl_projections import projections_and_reference
 from tests.models import CASES, cnn_batch
 from tests.per_sample_reference import loop_gradients
+from tests.test_jl_convs import ConvNet
+from tests.test_jl_tangent_rules import Block, SharedLayer
 from tests.transformer_models import TRANSFORMERS
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
@@ -80,7 +83,43 @@ def test_noise_on_cuda_has_standard_deviation_sigma_c():
     assert float(noise.std()) == pytest.approx(sigma * clip, rel=0.01)
 
 
-@pytest.mark.parametrize("privatizer", ["vanilla", "materialized", "grape"])
+def _jl_case(case: str, rows: int) -> tuple[torch.nn.Module, torch.Tensor]:
+    torch.manual_seed(0)
+    if case == "transformer block":
+        return Block(), torch.randn(rows, 3, 5)
+    if case == "convolutions":
+        return ConvNet(dims=2, groups=2), torch.randn(rows, 2, 7, 7)
+    if case == "TF-Privacy CNN (max-pooling)":
+        return TFPrivacyCNN(activation="relu"), torch.randn(rows, 1, 28, 28)
+    model = SharedLayer()
+    model.shared.weight.requires_grad_(False)  # a bias-only tangent, which must not alias its direction
+    return model, torch.randn(rows, 4)
+
+
+def jl_projections_on(device: str, case: str, rows: int, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """JL's projections of a float64 model on `device` by its own tangent rules (convolution, linear, LayerNorm,
+    GELU, max-pooling), and a per-example loop's <grad loss_i, v_j> along the same directions."""
+    model, x = _jl_case(case, rows)
+    model = model.double().to(device)
+    batch = (x.double().to(device), torch.randint(0, 3, (rows,), device=device))
+    model(batch[0])  # materialise lazy layers
+    return projections_and_reference(model, batch, chunk_size)
+
+
+JL_CASES = ["transformer block", "convolutions", "TF-Privacy CNN (max-pooling)", "shared layer, bias-only tangent"]
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4], ids=["dual pass", "vmap chunk"])
+@pytest.mark.parametrize("rows", [1, 6])
+@pytest.mark.parametrize("case", JL_CASES)
+def test_jl_projections_on_cuda_are_the_per_example_gradients_along_the_directions(case, rows, chunk_size):
+    """The tangent rules' batched products (a stride-0 operand among them) and in-place passes, on the device."""
+    projected, reference = jl_projections_on("cuda", case, rows, chunk_size)
+    assert projected.device.type == "cuda" and projected.shape == reference.shape == (rows, 4)
+    torch.testing.assert_close(projected, reference, rtol=1e-9, atol=1e-11)
+
+
+@pytest.mark.parametrize("privatizer", ["vanilla", "materialized", "grape", "jl"])
 def test_a_run_on_cuda_trains_and_reports_max_memory_reserved(tmp_path, privatizer):
     run = dpbench(*FAST, f"privatizer={privatizer}", "optimizer=adam", "trainer.accelerator=gpu", "max_steps=6",
                   "profiler.warmup_steps=2", "epochs=1", "batch_size=64", f"hydra.run.dir={tmp_path}")
