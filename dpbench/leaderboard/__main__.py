@@ -1,4 +1,5 @@
-"""python -m dpbench.leaderboard [--quick] [--report-only] [--dry-run] [--root DIR] [--docs DIR] [--suite FILE]
+"""python -m dpbench.leaderboard [--quick] [--report-only] [--dry-run] [--recost TASK[,TASK]] [--root DIR] [--docs DIR]
+[--suite FILE]
 [--private-tuning [--plan] [--tuning-mean M] [--tuning-shape S] [--score-noise Z]]."""
 
 from __future__ import annotations
@@ -23,6 +24,8 @@ from dpbench.leaderboard.private_tuning import (
     header,
     plan_rows,
 )
+from dpbench.leaderboard.recost import commit, remeasure
+from dpbench.leaderboard.recost import rewrite as rewrite_costs_section
 from dpbench.leaderboard.remaining import remaining
 from dpbench.leaderboard.report import build, record_invocation
 from dpbench.leaderboard.scale import rewrite as rewrite_scale_section
@@ -56,6 +59,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--scale-only", action="store_true",
                         help="rewrite only the report's 'Claims at scale' section, from the frontier records under "
                              "DOCS/leaderboard/frontier/ (the cells' tables are kept as they are)")
+    parser.add_argument("--recost", default=None, metavar="TASK[,TASK]",
+                        help="run the named tasks' chosen test cells again (their first seed, the hyperparameters in "
+                             "DOCS/leaderboard/cells.csv, one at a time) and rewrite only the report's 'Costs "
+                             "re-measured' section (cells under outputs/leaderboard/costs/<commit> unless --root)")
     parser.add_argument("--launcher", choices=LAUNCHER_NAMES, default=DEFAULT_LAUNCHER,
                         help="fork: each cell a forked child of a warm interpreter (default where available); "
                              "subprocess: a new `python -m dpbench` per cell; submitit: each cell a submitit job "
@@ -116,6 +123,17 @@ def _plan(suite: Suite, tuning: PrivateTuning) -> int:
     return 0
 
 
+def _recost(args: argparse.Namespace, suite: Suite) -> int:
+    root = args.root or Path("outputs") / "leaderboard" / "costs" / commit()
+    try:
+        remeasure(suite, [name for name in args.recost.split(",") if name], args.docs, root, args.launcher)
+    except ConfigurationError as error:
+        print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
+        return 2
+    print(f"wrote {rewrite_costs_section(args.docs)} (cells under {root})")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
     if args.scale_only:
@@ -133,6 +151,8 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as error:
         print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
         return 2
+    if args.recost is not None:
+        return _recost(args, suite)
     try:
         tuning = _private_tuning(args, suite)
     except ConfigurationError as error:

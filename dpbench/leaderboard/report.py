@@ -18,6 +18,7 @@ from dpbench.leaderboard.compare import UNCLEAR, best_baseline, better_verdict, 
 from dpbench.leaderboard.grid import optimum_status
 from dpbench.leaderboard.plots import cost_plot, epsilon_plot, headline_plot
 from dpbench.leaderboard.private_selection import Selection, read_selection
+from dpbench.leaderboard.recost import costs_section
 from dpbench.leaderboard.scale import scale_section
 from dpbench.leaderboard.suite import Suite, Task
 from dpbench.leaderboard.summary import Entry, Tuning, seconds_per_step, summarize
@@ -452,6 +453,7 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
                   "say nothing about the papers.", ""]
     lines += [f"- {sentence}" for sentence in claims] or ["- No claim can be checked from these cells."]
     lines.append("")
+    lines += costs_section(figures / "costs")
     lines += scale_section(figures / "frontier")
     path = docs / "leaderboard.md"
     path.write_text("\n".join(lines))

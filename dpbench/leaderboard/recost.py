@@ -1,0 +1,190 @@
+"""The leaderboard's "Costs re-measured on the current code" section: after a change to a method's code path, its
+tasks' speed and memory measured again without re-running the suite (its tuning is what takes the hours).
+
+`python -m dpbench.leaderboard --recost TASK[,TASK]` runs, for each variant of each named task, the test cell the suite
+chose at the budget whose costs the report shows (its learning rate and clip norm read from docs/leaderboard/cells.csv),
+its first seed, each in a process of its own (the suite's launcher), one at a time. The figures go to
+docs/leaderboard/costs/TASK.json with the commit, date and machine, and the section beside the cells' own columns.
+Speed is compared across methods within one record only (each row's step against DP-SGD's): the cells' columns may come
+from another machine and ran two at a time.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+import platform
+import statistics
+import subprocess
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from dpbench.errors import ConfigurationError
+from dpbench.leaderboard.cells import read_outcome, run_cell
+from dpbench.leaderboard.launch import DEFAULT_LAUNCHER
+from dpbench.leaderboard.scale import SECTION_TITLE as SCALE_TITLE
+from dpbench.leaderboard.suite import Method, Suite, Task, Variant
+from dpbench.leaderboard.summary import seconds_per_step
+from dpbench.leaderboard.trial_cells import cell_for
+from dpbench.results import write_json_atomic
+
+SECTION_TITLE = "## Costs re-measured on the current code"
+BASELINE = "dpsgd"
+"""The variant each row's step is compared with."""
+
+
+def commit() -> str:
+    """The checkout's commit, marked dirty when tracked files differ from it ('unknown' outside git)."""
+    def git(*args: str) -> str:
+        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
+                              cwd=Path(__file__).parent).stdout.strip()
+
+    try:
+        head = git("rev-parse", "--short", "HEAD")
+        return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+def device_name() -> str:
+    """The GPU's name, else the CPU's model name (Linux) with its core count."""
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_name()
+    model = platform.processor() or "CPU"
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.exists():
+        model = next((line.split(":", 1)[1].strip() for line in cpuinfo.read_text().splitlines()
+                      if line.startswith("model name")), model)
+    return f"{model}, {os.cpu_count()} cores"
+
+
+def _chosen_rows(cells_csv: Path, task: Task, epsilon: float) -> dict[str, list[dict[str, str]]]:
+    """The test rows of the task at the costs' budget (non-private methods: their only rows), by variant."""
+    if not cells_csv.exists():
+        raise ConfigurationError(f"{cells_csv} does not exist: --recost reads the suite's chosen hyperparameters "
+                                 "from it (run the suite, or --report-only from its cells, first)")
+    chosen: dict[str, list[dict[str, str]]] = {}
+    with cells_csv.open(newline="") as handle:
+        for row in csv.DictReader(handle):
+            budget = float(row["target_epsilon"]) if row["target_epsilon"] else None
+            if row["task"] == task.name and row["phase"] == "test" and budget in (epsilon, None):
+                chosen.setdefault(row["variant"], []).append(row)
+    return chosen
+
+
+def _median(rows: list[dict[str, str]], column: str) -> float | None:
+    values = [float(row[column]) for row in rows if row["status"] == "done" and row[column]]
+    return statistics.median(values) if values else None
+
+
+def _measure(suite: Suite, task: Task, method: Method, variant: Variant, rows: list[dict[str, str]], root: Path,
+             launcher: str) -> dict[str, Any]:
+    recorded = {"samples_per_s": _median(rows, "samples_per_s"), "s_per_step": _median(rows, "s_per_step"),
+                "peak_memory_mb": _median(rows, "peak_memory_mb")}
+    chosen = min(rows, key=lambda row: int(row["seed"]))
+    epsilon = float(chosen["target_epsilon"]) if method.private else None
+    clip = float(chosen["clip_norm"]) if chosen["clip_norm"] else None
+    cell = cell_for(suite, task, method, variant, "test", epsilon, int(chosen["seed"]), None, float(chosen["lr"]),
+                    clip)
+    status = run_cell(cell, root, launcher=launcher)
+    outcome = read_outcome(cell.directory(root))
+    results = outcome.results if outcome is not None and outcome.results else {}
+    return {"variant": variant.name, "label": variant.label, "recorded": recorded, "seed": cell.seed,
+            "status": status, "reason": outcome.reason if outcome else None, "lr": cell.lr,
+            "clip_norm": cell.clip_norm, "samples_per_s": results.get("samples_per_s"),
+            "s_per_step": seconds_per_step(results) if results else None,
+            "peak_memory_mb": results.get("peak_memory_mb"), "test_value": outcome.value("test") if outcome else None,
+            "cell": cell.directory(root).relative_to(root).as_posix()}
+
+
+def remeasure(suite: Suite, names: list[str], docs: Path, root: Path, launcher: str = DEFAULT_LAUNCHER) -> list[Path]:
+    """Run each named task's chosen test cells again (the first seed of each) and write one record per task; returns
+    their paths."""
+    tasks = {task.name: task for task in suite.tasks}
+    unknown = [name for name in names if name not in tasks]
+    if unknown:
+        raise ConfigurationError(f"--recost {','.join(unknown)}: not a task of the {suite.profile} profile "
+                                 f"(its tasks: {', '.join(tasks)})")
+    skipped = [f"{name}: {tasks[name].skip_reason()}" for name in names if tasks[name].skip_reason()]
+    if skipped:
+        raise ConfigurationError(f"--recost {'; '.join(skipped)}")
+    records = []
+    for name in names:
+        task = tasks[name]
+        chosen = _chosen_rows(docs / "leaderboard" / "cells.csv", task, suite.tune_epsilon)
+        started = datetime.now(timezone.utc)
+        rows = [_measure(suite, task, method, variant, chosen[variant.name], root, launcher)
+                for method in task.methods for variant in method.variants() if variant.name in chosen]
+        record = {"task": name, "title": task.title, "commit": commit(),
+                  "started": started.isoformat(timespec="minutes"), "device": device_name(),
+                  "epsilon": suite.tune_epsilon, "launcher": launcher, "rows": rows}
+        path = docs / "leaderboard" / "costs" / f"{name}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, record)
+        records.append(path)
+    return records
+
+
+def _number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def _ratio(step: float | None, baseline: float | None) -> str:
+    return f"{step / baseline:.2f}x" if step and baseline else "-"
+
+
+def _record_lines(record: dict[str, Any]) -> list[str]:
+    lines = [f"### {record['title']}", "",
+             f"`{record['task']}`: commit {record['commit']}, {record['started']}, {record['device']}; each "
+             f"method's first seed at epsilon {record['epsilon']:g} (non-private: its own run), launcher "
+             f"{record['launcher']}.", "",
+             "| method | samples/s | s/step | step vs DP-SGD | peak MB | cells: s/step | cells: step vs DP-SGD | "
+             "cells: peak MB |", "|---" * 8 + "|"]
+    base = next((row for row in record["rows"] if row["variant"] == BASELINE), None)
+    base_step = base.get("s_per_step") if base else None
+    base_recorded = base["recorded"]["s_per_step"] if base else None
+    for row in record["rows"]:
+        recorded = row["recorded"]
+        if row["status"] != "done":
+            reason = row.get("reason") or ""
+            measured = f"{row['status']}{': ' + reason[:120] if reason else ''} | | | |"
+        else:
+            measured = (f"{_number(row['samples_per_s'], '.0f')} | {_number(row['s_per_step'], '.3f')} | "
+                        f"{_ratio(row['s_per_step'], base_step)} | {_number(row['peak_memory_mb'], '.0f')}")
+        lines.append(f"| {row['label']} | {measured} | {_number(recorded['s_per_step'], '.3f')} | "
+                     f"{_ratio(recorded['s_per_step'], base_recorded)} | "
+                     f"{_number(recorded['peak_memory_mb'], '.0f')} |")
+    return [*lines, ""]
+
+
+def costs_section(costs_dir: Path) -> list[str]:
+    records = sorted(Path(costs_dir).glob("*.json"))
+    if not records:
+        return []
+    lines = [SECTION_TITLE, "",
+             "Each task's chosen test cells run again after a change to a method's code (`python -m "
+             "dpbench.leaderboard --recost TASK`): the hyperparameters the suite chose, the first seed, one process "
+             "at a time. The cells' columns (medians over seeds, run two at a time, perhaps on another machine) are "
+             "shown beside; compare speeds across methods within a record (step vs DP-SGD), not across records. On "
+             "CPU the peak is the resident high-water mark above the process's start.", ""]
+    for path in records:
+        lines += _record_lines(json.loads(path.read_text()))
+    return lines
+
+
+def rewrite(docs: Path) -> Path:
+    """Replace (or insert, before the claims at scale) the section in docs/leaderboard.md, leaving the rest as it
+    is."""
+    path = docs / "leaderboard.md"
+    text = path.read_text()
+    scale_at = text.find("\n" + SCALE_TITLE)
+    tail = text[scale_at:] if scale_at >= 0 else ""
+    head = text[:scale_at] if scale_at >= 0 else text
+    head = head.split("\n" + SECTION_TITLE)[0].rstrip("\n")
+    section = costs_section(docs / "leaderboard" / "costs")
+    path.write_text(head + "\n\n" + ("\n".join(section) + "\n" if section else "") + tail.lstrip("\n"))
+    return path
