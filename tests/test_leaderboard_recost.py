@@ -34,6 +34,8 @@ def _docs(tmp_path):
                              "s_per_step": step, "samples_per_s": 100 / step, "peak_memory_mb": peak})
         writer.writerow({"task": "cnn", "method": "dpsgd", "variant": "dpsgd", "phase": "tune", "status": "done",
                          "target_epsilon": "1.0", "seed": 0, "lr": 9.0, "clip_norm": 9.0})
+        writer.writerow({"task": "vit", "method": "jl", "variant": "jl_r1", "phase": "test", "status": "refused",
+                         "target_epsilon": "1.0", "seed": 0, "lr": 1.0, "clip_norm": 1.0})
     (docs / "leaderboard.md").write_text(BEFORE + "\n" + SCALE)
     return docs
 
@@ -63,12 +65,20 @@ def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, mo
 
     text = (docs / "leaderboard.md").read_text()
     assert text.startswith(BEFORE) and text.endswith(SCALE)
-    section = text.split(SECTION_TITLE)[1].split(SCALE_TITLE)[0]
+    section = text.split(SECTION_TITLE)[1].split(SCALE_TITLE)[0].split("### tiny ViT")[0]
     dpsgd = next(line for line in section.splitlines() if line.startswith("| DP-SGD |")).split(" | ")
     assert dpsgd[3] == "1.00x" and dpsgd[5] == "0.200" and dpsgd[6] == "1.00x" and dpsgd[7] == "450 |"
     nonprivate = next(line for line in section.splitlines() if line.startswith("| non-private |")).split(" | ")
     expected = rows["nonprivate"]["s_per_step"] / rows["dpsgd"]["s_per_step"]
     assert nonprivate[3] == f"{expected:.2f}x" and nonprivate[6] == "0.25x"
+
+    assert main([*argv[:-1], "vit"]) == 0  # a refused cell: its row says so, in the table's columns
+    refused = json.loads((docs / "leaderboard" / "costs" / "vit.json").read_text())["rows"]
+    assert [row["status"] for row in refused] == ["refused"] and "unreachable" in refused[0]["reason"]
+    text = (docs / "leaderboard.md").read_text()
+    row = next(line for line in text.splitlines() if line.startswith("| JL (r=1) |"))
+    assert row.count("|") == 9 and row.startswith("| JL (r=1) | refused: privacy.epsilon=1 at delta=1e-06 is "
+                                                   "unreachable for this run even with noise multiplier 1000 | | |")
 
     assert main(argv) == 0  # recorded cells are not run again, and the section is replaced, not repeated
     assert (docs / "leaderboard.md").read_text() == text

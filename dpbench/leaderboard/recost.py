@@ -150,8 +150,8 @@ def _record_lines(record: dict[str, Any]) -> list[str]:
     for row in record["rows"]:
         recorded = row["recorded"]
         if row["status"] != "done":
-            reason = row.get("reason") or ""
-            measured = f"{row['status']}{': ' + reason[:120] if reason else ''} | | | |"
+            reason = (row.get("reason") or "").split(": ")[0]  # its first clause; the task's table has the rest
+            measured = f"{row['status']}{': ' + reason if reason else ''} | | |"
         else:
             measured = (f"{_number(row['samples_per_s'], '.0f')} | {_number(row['s_per_step'], '.3f')} | "
                         f"{_ratio(row['s_per_step'], base_step)} | {_number(row['peak_memory_mb'], '.0f')}")
