@@ -10,18 +10,11 @@ import platform
 
 import lightning as L
 import pytest
-import torch
-from omegaconf import OmegaConf
 
-from dpbench.optim import OptimizerConfig
-from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privacy.randomness import PrivacyRandomness
-from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.profiling import ProfilerCallback
-from dpbench.training.datamodule import DPDataModule
-from dpbench.training.module import DPModule
 from tests.cli import FAST, dpbench, results
-from tests.trainer_run import IndexModel, index_data
+from tests.trainer_run import fit, index_data
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's")
 STEADY = ["privacy.sampling=shuffle", "batch_size=250", "max_steps=30", "profiler.warmup_steps=15",
@@ -48,36 +41,29 @@ def test_the_setting_can_be_turned_off_and_says_so(tmp_path):
     assert out["page_faults_per_step"] >= 0
 
 
-class FaultInOnce(L.Callback):
-    """At one step, inside the profiler's window, writes 8 MiB of a fresh mapping in small pages: 2,048 faults, as
-    something outside the method can cause once in a CI run."""
+class FaultAt(L.Callback):
+    """At the given steps, inside the profiler's window, writes 8 MiB of a fresh mapping in small pages: 2,048 faults a
+    step, as the allocator's giving back does at every step and something outside the method once in a CI run."""
 
-    def __init__(self, at_step: int):
-        self.at_step = at_step
+    def __init__(self, steps: set[int]):
+        self.steps = steps
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        if trainer.global_step == self.at_step:
+        if trainer.global_step in self.steps:
             with mmap.mmap(-1, 8 << 20) as fresh:
                 fresh.madvise(mmap.MADV_NOHUGEPAGE)
                 fresh.write(b"\1" * (8 << 20))
 
 
-def test_a_one_off_fault_does_not_make_steady_steps_look_faulting():
-    """The figure is the typical step's: the allocator's giving back faults at every step, a one-off does not."""
-    profiler, one_off = ProfilerCallback(warmup_steps=0), FaultInOnce(at_step=5)
-    torch.manual_seed(0)
-    data, randomness, batch_size = index_data(200), PrivacyRandomness(0), 50
-    strategy = make_strategy(OmegaConf.create({"name": "vanilla"}),
-                             PrivacySettings(1.0, batch_size / len(data.train), 1.0, randomness))
-    module = DPModule(IndexModel(), data.task, strategy, OptimizerConfig(name="sgd", lr=0.1), PrivacyLedger(1e-5),
-                      batch_size)
-    trainer = L.Trainer(
-        accelerator="cpu", max_epochs=-1, max_steps=12, logger=False, callbacks=[profiler, one_off],
-        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
-        limit_val_batches=0, use_distributed_sampler=False,
-    )
-    trainer.fit(module, datamodule=DPDataModule(data, batch_size, "poisson", randomness, eval_batch_size=64))
-
-    assert profiler.measured_steps == 12
-    assert profiler.measured_faults > 20 * 12, profiler.measured_faults  # a mean over the steps would pass 20
-    assert profiler.page_faults_per_step < 20, profiler.page_faults_per_step
+@glibc
+@pytest.mark.parametrize(("steps", "faulting"), [({5}, False), (set(range(12)), True), (set(range(0, 12, 3)), True)],
+                         ids=["a one-off", "every step", "every third step"])
+def test_the_figure_shows_steps_that_fault_again_and_again_but_not_a_one_off(steps, faulting):
+    profiler = ProfilerCallback(warmup_steps=1)  # the first step sets things up once
+    fit(index_data(200), 50, 13, PrivacyRandomness(0), callbacks=(profiler, FaultAt({step + 1 for step in steps})))
+    assert len(profiler.faults_each_step) == 12
+    assert sum(profiler.faults_each_step) > 2000 * len(steps), profiler.faults_each_step
+    if faulting:
+        assert profiler.page_faults_per_step > 500, profiler.faults_each_step
+    else:  # the mean over all steps would exceed 20
+        assert profiler.page_faults_per_step < 20, profiler.faults_each_step

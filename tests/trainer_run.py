@@ -49,9 +49,10 @@ class IndexModel(torch.nn.Module):
 def fit(
     data: DataBundle, batch_size: int, max_steps: int, randomness: PrivacyRandomness,
     privatizer: str | dict = "vanilla", sampling: str = "poisson", checkpoint_in: Path | None = None,
-    checkpoint_out: Path | None = None, noise_multiplier: float = 1.0,
+    checkpoint_out: Path | None = None, noise_multiplier: float = 1.0, callbacks: tuple[L.Callback, ...] = (),
 ) -> tuple[BatchRecorder, DPModule]:
-    """Train `max_steps` logical steps (resuming from `checkpoint_in`), recording each step's batch."""
+    """Train `max_steps` logical steps (resuming from `checkpoint_in`), recording each step's batch (`callbacks`
+    run after the recorder)."""
     torch.manual_seed(0)
     model = IndexModel()
     settings = PrivacySettings(1.0, batch_size / len(data.train), noise_multiplier, randomness)
@@ -62,7 +63,7 @@ def fit(
     datamodule = DPDataModule(data, batch_size, sampling, randomness, eval_batch_size=64)
     recorder = BatchRecorder()
     trainer = L.Trainer(
-        accelerator="cpu", max_epochs=-1, max_steps=max_steps, logger=False, callbacks=[recorder],
+        accelerator="cpu", max_epochs=-1, max_steps=max_steps, logger=False, callbacks=[recorder, *callbacks],
         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
         limit_val_batches=0, use_distributed_sampler=False,
     )
