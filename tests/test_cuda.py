@@ -91,9 +91,11 @@ def _jl_case(case: str, rows: int) -> tuple[torch.nn.Module, torch.Tensor]:
         return ConvNet(dims=2, groups=2), torch.randn(rows, 2, 7, 7)
     if case == "TF-Privacy CNN (max-pooling)":
         return TFPrivacyCNN(activation="relu"), torch.randn(rows, 1, 28, 28)
-    model = SharedLayer()
-    model.shared.weight.requires_grad_(False)  # a bias-only tangent, which must not alias its direction
-    return model, torch.randn(rows, 4)
+    if case == "shared layer, bias-only tangent":
+        model = SharedLayer()
+        model.shared.weight.requires_grad_(False)  # a bias-only tangent, which must not alias its direction
+        return model, torch.randn(rows, 4)
+    raise ValueError(f"no JL case {case!r}")
 
 
 def jl_projections_on(device: str, case: str, rows: int, chunk_size: int) -> tuple[torch.Tensor, torch.Tensor]:

@@ -4,48 +4,61 @@ and only that section of docs/leaderboard.md rewritten."""
 import csv
 import json
 
+import pytest
+
 from dpbench.leaderboard import build, load_suite
 from dpbench.leaderboard.__main__ import main
-from dpbench.leaderboard.recost import SECTION_TITLE
+from dpbench.leaderboard.recost import SECTION_TITLE, rewrite
 from dpbench.leaderboard.report import CSV_COLUMNS
 from dpbench.leaderboard.scale import SECTION_TITLE as SCALE_TITLE
 from tests.test_leaderboard import TINY
 
-CHOSEN = [  # (variant, method, seed, epsilon, lr, clip, s/step, peak MB)
-    ("nonprivate", "nonprivate", 3, "", 9.0, "", 0.05, 300.0),
-    ("nonprivate", "nonprivate", 2, "", 1.0, "", 0.05, 300.0),
-    ("dpsgd", "dpsgd", 0, "1.0", 0.7, 1.3, 0.1, 400.0),
-    ("dpsgd", "dpsgd", 1, "1.0", 0.7, 1.3, 0.3, 500.0),
-    ("dpsgd", "dpsgd", 0, "8.0", 2.0, 0.5, 0.9, 900.0),  # another budget than the costs': not run
+CHOSEN = [  # (task, variant, method, status, seed, epsilon, lr, clip, s/step, peak MB)
+    ("cnn", "nonprivate", "nonprivate", "done", 3, "", 9.0, "", 0.05, 300.0),
+    ("cnn", "nonprivate", "nonprivate", "done", 2, "", 1.0, "", 0.05, 300.0),
+    ("cnn", "dpsgd", "dpsgd", "done", 0, "1.0", 0.7, 1.3, 0.1, 400.0),
+    ("cnn", "dpsgd", "dpsgd", "done", 1, "1.0", 0.7, 1.3, 0.3, 500.0),
+    ("cnn", "dpsgd", "dpsgd", "done", 0, "8.0", 2.0, 0.5, 0.9, 900.0),  # another budget than the costs': not run
+    ("vit", "dpsgd", "dpsgd", "done", 0, "8.0", 0.5, 1.0, 0.2, 600.0),  # none at the costs' budget: this one runs
+    ("vit", "jl_r1", "jl", "refused", 0, "1.0", 1.0, 1.0, "", ""),
 ]
 BEFORE = "# dpbench leaderboard\n\nThe cells' tables.\n"
 SCALE = f"{SCALE_TITLE}\n\nThe frontier records.\n"
+OFFLINE = {"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
-def _docs(tmp_path):
+def _docs(tmp_path, chosen=CHOSEN):
     docs = tmp_path / "docs"
     (docs / "leaderboard").mkdir(parents=True)
     with (docs / "leaderboard" / "cells.csv").open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
         writer.writeheader()
-        for variant, method, seed, epsilon, lr, clip, step, peak in CHOSEN:
-            writer.writerow({"task": "cnn", "method": method, "variant": variant, "phase": "test", "status": "done",
-                             "target_epsilon": epsilon, "seed": seed, "lr": lr, "clip_norm": clip,
-                             "s_per_step": step, "samples_per_s": 100 / step, "peak_memory_mb": peak})
+        for task, variant, method, status, seed, epsilon, lr, clip, step, peak in chosen:
+            writer.writerow({"task": task, "method": method, "variant": variant, "phase": "test", "status": status,
+                             "target_epsilon": epsilon, "seed": seed, "lr": lr, "clip_norm": clip, "s_per_step": step,
+                             "samples_per_s": 100 / step if step else "", "peak_memory_mb": peak})
         writer.writerow({"task": "cnn", "method": "dpsgd", "variant": "dpsgd", "phase": "tune", "status": "done",
                          "target_epsilon": "1.0", "seed": 0, "lr": 9.0, "clip_norm": 9.0})
-        writer.writerow({"task": "vit", "method": "jl", "variant": "jl_r1", "phase": "test", "status": "refused",
-                         "target_epsilon": "1.0", "seed": 0, "lr": 1.0, "clip_norm": 1.0})
     (docs / "leaderboard.md").write_text(BEFORE + "\n" + SCALE)
     return docs
 
 
-def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, monkeypatch):
-    for key, value in {"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
-        monkeypatch.setenv(key, value)
-    suite, docs, root = tmp_path / "suite.yaml", _docs(tmp_path), tmp_path / "costs"
+def _argv(tmp_path, docs, tasks):
+    suite = tmp_path / "suite.yaml"
     suite.write_text(TINY)
-    argv = ["--suite", str(suite), "--profile", "tiny", "--docs", str(docs), "--root", str(root), "--recost", "cnn"]
+    return ["--suite", str(suite), "--profile", "tiny", "--docs", str(docs), "--root", str(tmp_path / "costs"),
+            "--recost", tasks]
+
+
+def _row(text, label):
+    return next(line for line in text.splitlines() if line.startswith(f"| {label} |")).split(" | ")
+
+
+def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, monkeypatch):
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    docs, root = _docs(tmp_path), tmp_path / "costs"
+    argv = _argv(tmp_path, docs, "cnn")
     assert main(argv) == 0
 
     record = json.loads((docs / "leaderboard" / "costs" / "cnn.json").read_text())
@@ -65,35 +78,63 @@ def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, mo
 
     text = (docs / "leaderboard.md").read_text()
     assert text.startswith(BEFORE) and text.endswith(SCALE)
-    section = text.split(SECTION_TITLE)[1].split(SCALE_TITLE)[0].split("### tiny ViT")[0]
-    dpsgd = next(line for line in section.splitlines() if line.startswith("| DP-SGD |")).split(" | ")
+    section = text.split(SECTION_TITLE)[1].split(SCALE_TITLE)[0]
+    assert "| method | samples/s | s/step | step vs DP-SGD | peak MB |" in section
+    dpsgd = _row(section, "DP-SGD")
     assert dpsgd[3] == "1.00x" and dpsgd[5] == "0.200" and dpsgd[6] == "1.00x" and dpsgd[7] == "450 |"
-    nonprivate = next(line for line in section.splitlines() if line.startswith("| non-private |")).split(" | ")
+    nonprivate = _row(section, "non-private")
     expected = rows["nonprivate"]["s_per_step"] / rows["dpsgd"]["s_per_step"]
     assert nonprivate[3] == f"{expected:.2f}x" and nonprivate[6] == "0.25x"
 
-    assert main([*argv[:-1], "vit"]) == 0  # a refused cell: its row says so, in the table's columns
-    refused = json.loads((docs / "leaderboard" / "costs" / "vit.json").read_text())["rows"]
-    assert [row["status"] for row in refused] == ["refused"] and "unreachable" in refused[0]["reason"]
+    # The ViT runs no cell at the costs' budget for DP-SGD: its lowest budget's, labelled; JL's refusal in the columns.
+    assert main([*argv[:-1], "vit"]) == 0
+    vit = {row["variant"]: row for row in json.loads((docs / "leaderboard" / "costs" / "vit.json").read_text())["rows"]}
+    assert vit["dpsgd"]["status"] == "done" and vit["dpsgd"]["epsilon"] == 8.0
+    assert json.loads((root / vit["dpsgd"]["cell"] / "results.json").read_text())["target_epsilon"] == 8.0
+    assert vit["jl_r1"]["status"] == "refused" and "unreachable" in vit["jl_r1"]["reason"]
     text = (docs / "leaderboard.md").read_text()
-    row = next(line for line in text.splitlines() if line.startswith("| JL (r=1) |"))
-    assert row.count("|") == 9 and row.startswith("| JL (r=1) | refused: privacy.epsilon=1 at delta=1e-06 is "
-                                                   "unreachable for this run even with noise multiplier 1000 | | |")
+    assert _row(text, "DP-SGD (at epsilon 8)")[3] == "1.00x"
+    refused = next(line for line in text.splitlines() if line.startswith("| JL (r=1) |"))
+    assert refused.count("|") == 9 and refused.startswith(
+        "| JL (r=1) | refused: privacy.epsilon=1 at delta=1e-06 is unreachable for this run even with noise multiplier "
+        "1000 | | |")
 
     assert main(argv) == 0  # recorded cells are not run again, and the section is replaced, not repeated
-    assert (docs / "leaderboard.md").read_text() == text
+    again = (docs / "leaderboard.md").read_text()
+    assert again.count(SECTION_TITLE) == 1 and again.endswith(SCALE)
+    assert _row(again, "DP-SGD") == _row(text, "DP-SGD") and _row(again, "JL (r=1)") == _row(text, "JL (r=1)")
 
-    rebuilt = build(load_suite("tiny", suite), root, docs, "pytest").read_text()  # the whole report keeps it too
-    assert (SECTION_TITLE + section).rstrip() in rebuilt
+    rebuilt = build(load_suite("tiny", tmp_path / "suite.yaml"), root, docs, "pytest").read_text()
+    assert (SECTION_TITLE + again.split(SECTION_TITLE)[1].split(SCALE_TITLE)[0]).rstrip() in rebuilt
 
 
-def test_recost_of_an_unknown_task_or_without_the_cells_csv_is_refused(tmp_path, capsys):
-    suite = tmp_path / "suite.yaml"
-    suite.write_text(TINY)
-    base = ["--suite", str(suite), "--profile", "tiny", "--docs", str(tmp_path / "docs"), "--root", str(tmp_path)]
-    assert main([*base, "--recost", "cnn,nope"]) == 2
-    assert "--recost nope: not a task of the tiny profile (its tasks: cnn, vit" in capsys.readouterr().err
-    assert main([*base, "--recost", "absent"]) == 2
-    assert "--recost absent: skipped: /nonexistent/fashion-mnist does not exist" in capsys.readouterr().err
-    assert main([*base, "--recost", "cnn"]) == 2
-    assert "cells.csv does not exist" in capsys.readouterr().err
+def test_the_section_goes_before_the_claims_at_scale_or_at_the_end_and_keeps_what_follows(tmp_path):
+    docs = tmp_path / "docs"
+    (docs / "leaderboard" / "costs").mkdir(parents=True)
+    (docs / "leaderboard" / "costs" / "cnn.json").write_text(json.dumps({
+        "task": "cnn", "title": "tiny CNN", "commit": "abc", "started": "now", "device": "CPU", "epsilon": 1.0,
+        "launcher": "fork", "rows": [{"variant": "dpsgd", "label": "DP-SGD", "status": "failed", "epsilon": 1.0,
+                                      "reason": "RuntimeError: a | in it", "recorded": {"s_per_step": None,
+                                                                                       "peak_memory_mb": None}}]}))
+    (docs / "leaderboard.md").write_text(BEFORE + "\n## Other\n\nkept\n")
+    text = rewrite(docs).read_text()
+    assert text.startswith(BEFORE + "\n## Other\n\nkept\n\n" + SECTION_TITLE)
+    assert "| DP-SGD | failed: RuntimeError: a / in it | | | | - | - | - |" in text
+    (docs / "leaderboard.md").write_text(text + "## Later\n\nalso kept\n")
+    assert rewrite(docs).read_text() == text + "## Later\n\nalso kept\n"
+
+
+@pytest.mark.parametrize(("tasks", "chosen", "extra", "message"), [
+    ("cnn,nope", CHOSEN, [], "--recost nope: not a task of the tiny profile (its tasks: cnn, vit"),
+    ("absent", CHOSEN, [], "--recost absent: skipped: /nonexistent/fashion-mnist does not exist"),
+    ("cnn", None, [], "cells.csv does not exist"),
+    ("vit", [("cnn", *CHOSEN[2][1:])], [], "--recost vit: "),
+    ("cnn", [("cnn", "dpsgd", "dpsgd", "done", 0, "1.0", 0.7, "", 0.1, 400.0)], [],
+     "the cells.csv row of dpsgd (seed 0) has no clip_norm"),
+    ("cnn", CHOSEN, ["--dry-run"], "--recost runs cells of its own; it does not combine with --dry-run"),
+], ids=["unknown task", "data not installed", "no cells.csv", "no test cell of the task", "a private row without clip",
+        "with --dry-run"])
+def test_what_recost_cannot_do_it_refuses_in_one_line(tmp_path, capsys, tasks, chosen, extra, message):
+    docs = _docs(tmp_path, chosen) if chosen is not None else tmp_path / "docs"
+    assert main([*_argv(tmp_path, docs, tasks), *extra]) == 2
+    assert message in capsys.readouterr().err

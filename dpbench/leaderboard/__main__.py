@@ -123,10 +123,20 @@ def _plan(suite: Suite, tuning: PrivateTuning) -> int:
     return 0
 
 
-def _recost(args: argparse.Namespace, suite: Suite) -> int:
-    root = args.root or Path("outputs") / "leaderboard" / "costs" / commit()
+def _recost(args: argparse.Namespace, suite: Suite, parameters: dict[str, object]) -> int:
+    clashing = [flag for flag, given in (("--report-only", args.report_only), ("--dry-run", args.dry_run),
+                                         ("--private-tuning", args.private_tuning)) if given]
+    if clashing:
+        print(f"dpbench.leaderboard: error: --recost runs cells of its own; it does not combine with "
+              f"{', '.join(clashing)}", file=sys.stderr)
+        return 2
+    measured = commit()
+    if measured.endswith("-dirty"):  # an edited tree measures afresh each time, never an earlier edit's cells
+        measured += datetime.now(timezone.utc).strftime("-%Y%m%dT%H%M%S")
+    root = args.root or Path("outputs") / "leaderboard" / "costs" / measured
     try:
-        remeasure(suite, [name for name in args.recost.split(",") if name], args.docs, root, args.launcher)
+        remeasure(suite, [name for name in args.recost.split(",") if name], args.docs, root, args.launcher,
+                  parameters)
     except ConfigurationError as error:
         print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
         return 2
@@ -152,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
         return 2
     if args.recost is not None:
-        return _recost(args, suite)
+        return _recost(args, suite, parameters)
     try:
         tuning = _private_tuning(args, suite)
     except ConfigurationError as error:

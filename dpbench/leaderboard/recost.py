@@ -33,8 +33,9 @@ from dpbench.leaderboard.trial_cells import cell_for
 from dpbench.results import write_json_atomic
 
 SECTION_TITLE = "## Costs re-measured on the current code"
-BASELINE = "dpsgd"
-"""The variant each row's step is compared with."""
+BASELINES = ("dpsgd", "dpadam")
+"""The variant each row's step is compared with: the first of these the task runs."""
+REASON_CHARS = 120
 
 
 def commit() -> str:
@@ -63,17 +64,21 @@ def device_name() -> str:
 
 
 def _chosen_rows(cells_csv: Path, task: Task, epsilon: float) -> dict[str, list[dict[str, str]]]:
-    """The test rows of the task at the costs' budget (non-private methods: their only rows), by variant."""
+    """Each variant's test rows at the budget whose costs the report shows, or, where the task does not run it, at
+    the lowest budget it ran (non-private methods: their only rows), as the report's cost columns choose."""
     if not cells_csv.exists():
         raise ConfigurationError(f"{cells_csv} does not exist: --recost reads the suite's chosen hyperparameters "
                                  "from it (run the suite, or --report-only from its cells, first)")
-    chosen: dict[str, list[dict[str, str]]] = {}
+    by_budget: dict[str, dict[float | None, list[dict[str, str]]]] = {}
     with cells_csv.open(newline="") as handle:
         for row in csv.DictReader(handle):
-            budget = float(row["target_epsilon"]) if row["target_epsilon"] else None
-            if row["task"] == task.name and row["phase"] == "test" and budget in (epsilon, None):
-                chosen.setdefault(row["variant"], []).append(row)
-    return chosen
+            if row["task"] == task.name and row["phase"] == "test":
+                budget = float(row["target_epsilon"]) if row["target_epsilon"] else None
+                by_budget.setdefault(row["variant"], {}).setdefault(budget, []).append(row)
+    if not by_budget:
+        raise ConfigurationError(f"--recost {task.name}: {cells_csv} has no test cell of it (run the suite first)")
+    return {variant: budgets.get(epsilon) or budgets[min(budgets, key=lambda b: -1.0 if b is None else b)]
+            for variant, budgets in by_budget.items()}
 
 
 def _median(rows: list[dict[str, str]], column: str) -> float | None:
@@ -82,26 +87,30 @@ def _median(rows: list[dict[str, str]], column: str) -> float | None:
 
 
 def _measure(suite: Suite, task: Task, method: Method, variant: Variant, rows: list[dict[str, str]], root: Path,
-             launcher: str) -> dict[str, Any]:
+             launcher: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
     recorded = {"samples_per_s": _median(rows, "samples_per_s"), "s_per_step": _median(rows, "s_per_step"),
                 "peak_memory_mb": _median(rows, "peak_memory_mb")}
     chosen = min(rows, key=lambda row: int(row["seed"]))
     epsilon = float(chosen["target_epsilon"]) if method.private else None
-    clip = float(chosen["clip_norm"]) if chosen["clip_norm"] else None
+    if method.private and not chosen["clip_norm"]:
+        raise ConfigurationError(f"--recost {task.name}: the cells.csv row of {variant.name} (seed {chosen['seed']}) "
+                                 "has no clip_norm, which a private method needs: regenerate cells.csv from the cells")
+    clip = float(chosen["clip_norm"]) if method.private else None
     cell = cell_for(suite, task, method, variant, "test", epsilon, int(chosen["seed"]), None, float(chosen["lr"]),
                     clip)
-    status = run_cell(cell, root, launcher=launcher)
+    status = run_cell(cell, root, launcher=launcher, parameters=parameters)
     outcome = read_outcome(cell.directory(root))
     results = outcome.results if outcome is not None and outcome.results else {}
     return {"variant": variant.name, "label": variant.label, "recorded": recorded, "seed": cell.seed,
-            "status": status, "reason": outcome.reason if outcome else None, "lr": cell.lr,
+            "epsilon": epsilon, "status": status, "reason": outcome.reason if outcome else None, "lr": cell.lr,
             "clip_norm": cell.clip_norm, "samples_per_s": results.get("samples_per_s"),
             "s_per_step": seconds_per_step(results) if results else None,
             "peak_memory_mb": results.get("peak_memory_mb"), "test_value": outcome.value("test") if outcome else None,
             "cell": cell.directory(root).relative_to(root).as_posix()}
 
 
-def remeasure(suite: Suite, names: list[str], docs: Path, root: Path, launcher: str = DEFAULT_LAUNCHER) -> list[Path]:
+def remeasure(suite: Suite, names: list[str], docs: Path, root: Path, launcher: str = DEFAULT_LAUNCHER,
+              parameters: dict[str, Any] | None = None) -> list[Path]:
     """Run each named task's chosen test cells again (the first seed of each) and write one record per task; returns
     their paths."""
     tasks = {task.name: task for task in suite.tasks}
@@ -117,11 +126,12 @@ def remeasure(suite: Suite, names: list[str], docs: Path, root: Path, launcher: 
         task = tasks[name]
         chosen = _chosen_rows(docs / "leaderboard" / "cells.csv", task, suite.tune_epsilon)
         started = datetime.now(timezone.utc)
-        rows = [_measure(suite, task, method, variant, chosen[variant.name], root, launcher)
+        rows = [_measure(suite, task, method, variant, chosen[variant.name], root, launcher, parameters)
                 for method in task.methods for variant in method.variants() if variant.name in chosen]
         record = {"task": name, "title": task.title, "commit": commit(),
                   "started": started.isoformat(timespec="minutes"), "device": device_name(),
-                  "epsilon": suite.tune_epsilon, "launcher": launcher, "rows": rows}
+                  "epsilon": suite.tune_epsilon, "launcher": launcher, "rows": rows,
+                  "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
         path = docs / "leaderboard" / "costs" / f"{name}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_json_atomic(path, record)
@@ -137,25 +147,42 @@ def _ratio(step: float | None, baseline: float | None) -> str:
     return f"{step / baseline:.2f}x" if step and baseline else "-"
 
 
+def _short(reason: str) -> str:
+    """A refusal's first clause (the task's table gives the whole), else the reason's start; no table separators."""
+    clause = reason.split(": ")[0]
+    text = clause if len(clause) >= 40 else reason
+    if len(text) > REASON_CHARS:
+        text = text[:REASON_CHARS].rsplit(" ", 1)[0] + " ..."
+    return text.replace("|", "/")
+
+
+def _label(row: dict[str, Any], epsilon: float) -> str:
+    budget = row.get("epsilon")
+    return row["label"] + (f" (at epsilon {budget:g})" if budget is not None and budget != epsilon else "")
+
+
 def _record_lines(record: dict[str, Any]) -> list[str]:
+    base = next((row for name in BASELINES for row in record["rows"] if row["variant"] == name), None)
+    versus = f"step vs {base['label']}" if base else "step vs vanilla"
+    load = record.get("load_average_at_end")
     lines = [f"### {record['title']}", "",
-             f"`{record['task']}`: commit {record['commit']}, {record['started']}, {record['device']}; each "
-             f"method's first seed at epsilon {record['epsilon']:g} (non-private: its own run), launcher "
-             f"{record['launcher']}.", "",
-             "| method | samples/s | s/step | step vs DP-SGD | peak MB | cells: s/step | cells: step vs DP-SGD | "
-             "cells: peak MB |", "|---" * 8 + "|"]
-    base = next((row for row in record["rows"] if row["variant"] == BASELINE), None)
+             f"`{record['task']}`: commit {record['commit']}, {record['started']}, {record['device']}"
+             + (f" (load average 1/5/15 min at its end {load})" if load else "")
+             + f"; each method's first seed at epsilon {record['epsilon']:g} unless its row says another (non-private: "
+             f"its own run), launcher {record['launcher']}.", "",
+             f"| method | samples/s | s/step | {versus} | peak MB | cells: s/step | cells: {versus} | cells: peak MB |",
+             "|---" * 8 + "|"]
     base_step = base.get("s_per_step") if base else None
     base_recorded = base["recorded"]["s_per_step"] if base else None
     for row in record["rows"]:
         recorded = row["recorded"]
         if row["status"] != "done":
-            reason = (row.get("reason") or "").split(": ")[0]  # its first clause; the task's table has the rest
+            reason = _short(row.get("reason") or "")
             measured = f"{row['status']}{': ' + reason if reason else ''} | | |"
         else:
             measured = (f"{_number(row['samples_per_s'], '.0f')} | {_number(row['s_per_step'], '.3f')} | "
                         f"{_ratio(row['s_per_step'], base_step)} | {_number(row['peak_memory_mb'], '.0f')}")
-        lines.append(f"| {row['label']} | {measured} | {_number(recorded['s_per_step'], '.3f')} | "
+        lines.append(f"| {_label(row, record['epsilon'])} | {measured} | {_number(recorded['s_per_step'], '.3f')} | "
                      f"{_ratio(recorded['s_per_step'], base_recorded)} | "
                      f"{_number(recorded['peak_memory_mb'], '.0f')} |")
     return [*lines, ""]
@@ -169,7 +196,8 @@ def costs_section(costs_dir: Path) -> list[str]:
              "Each task's chosen test cells run again after a change to a method's code (`python -m "
              "dpbench.leaderboard --recost TASK`): the hyperparameters the suite chose, the first seed, one process "
              "at a time. The cells' columns (medians over seeds, run two at a time, perhaps on another machine) are "
-             "shown beside; compare speeds across methods within a record (step vs DP-SGD), not across records. On "
+             "shown beside; compare speeds across methods within a record (each step against DP-SGD's, or DP-Adam's "
+             "where the task runs no DP-SGD), not across records. On "
              "CPU the peak is the resident high-water mark above the process's start.", ""]
     for path in records:
         lines += _record_lines(json.loads(path.read_text()))
@@ -177,14 +205,18 @@ def costs_section(costs_dir: Path) -> list[str]:
 
 
 def rewrite(docs: Path) -> Path:
-    """Replace (or insert, before the claims at scale) the section in docs/leaderboard.md, leaving the rest as it
-    is."""
+    """Replace the section in docs/leaderboard.md (or insert it before the claims at scale, else at the end), leaving
+    every other section as it is."""
     path = docs / "leaderboard.md"
     text = path.read_text()
-    scale_at = text.find("\n" + SCALE_TITLE)
-    tail = text[scale_at:] if scale_at >= 0 else ""
-    head = text[:scale_at] if scale_at >= 0 else text
-    head = head.split("\n" + SECTION_TITLE)[0].rstrip("\n")
+    start = text.find("\n" + SECTION_TITLE)
+    if start >= 0:
+        end = text.find("\n## ", start + 1)
+        head, tail = text[:start], text[end:] if end >= 0 else ""
+    else:
+        scale_at = text.find("\n" + SCALE_TITLE)
+        head, tail = (text[:scale_at], text[scale_at:]) if scale_at >= 0 else (text, "")
     section = costs_section(docs / "leaderboard" / "costs")
-    path.write_text(head + "\n\n" + ("\n".join(section) + "\n" if section else "") + tail.lstrip("\n"))
+    body = "\n".join(section) + "\n" if section else ""
+    path.write_text(head.rstrip("\n") + "\n\n" + body + tail.lstrip("\n"))
     return path
