@@ -138,3 +138,18 @@ def test_what_recost_cannot_do_it_refuses_in_one_line(tmp_path, capsys, tasks, c
     docs = _docs(tmp_path, chosen) if chosen is not None else tmp_path / "docs"
     assert main([*_argv(tmp_path, docs, tasks), *extra]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("measured", "roots"), [("abc", 1), ("abc-dirty", 2)], ids=["committed", "edited"])
+def test_an_edited_tree_is_measured_afresh_each_time(tmp_path, monkeypatch, measured, roots):
+    """Cells are reused only for the same commit: an edited tree's earlier cells measured other code."""
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    monkeypatch.setattr("dpbench.leaderboard.__main__.commit", lambda: measured)
+    docs = _docs(tmp_path, CHOSEN[-1:])  # one refused cell: quick
+    monkeypatch.chdir(tmp_path)
+    argv = [arg for arg in _argv(tmp_path, docs, "vit") if arg not in ("--root", str(tmp_path / "costs"))]
+    assert main(argv) == 0
+    assert main(argv) == 0
+    made = sorted(path.name for path in (tmp_path / "outputs" / "leaderboard" / "costs").iterdir())
+    assert len(made) == roots and all(name.startswith(measured) for name in made), made

@@ -132,7 +132,7 @@ def _recost(args: argparse.Namespace, suite: Suite, parameters: dict[str, object
         return 2
     measured = commit()
     if measured.endswith("-dirty"):  # an edited tree measures afresh each time, never an earlier edit's cells
-        measured += datetime.now(timezone.utc).strftime("-%Y%m%dT%H%M%S")
+        measured += datetime.now(timezone.utc).strftime("-%Y%m%dT%H%M%S.%f")
     root = args.root or Path("outputs") / "leaderboard" / "costs" / measured
     try:
         remeasure(suite, [name for name in args.recost.split(",") if name], args.docs, root, args.launcher,

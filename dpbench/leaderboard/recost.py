@@ -39,14 +39,16 @@ REASON_CHARS = 120
 
 
 def commit() -> str:
-    """The checkout's commit, marked dirty when tracked files differ from it ('unknown' outside git)."""
+    """The checkout's commit, marked dirty when tracked files outside docs/ differ from it ('unknown' outside git):
+    the records this writes under docs/ are not an edit of the code they measured."""
     def git(*args: str) -> str:
         return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
                               cwd=Path(__file__).parent).stdout.strip()
 
     try:
         head = git("rev-parse", "--short", "HEAD")
-        return head + ("-dirty" if git("status", "--porcelain", "--untracked-files=no") else "")
+        edited = git("status", "--porcelain", "--untracked-files=no", "--", ":/", ":(exclude,top)docs")
+        return head + ("-dirty" if edited else "")
     except (OSError, subprocess.CalledProcessError):
         return "unknown"
 
@@ -121,14 +123,14 @@ def remeasure(suite: Suite, names: list[str], docs: Path, root: Path, launcher: 
     skipped = [f"{name}: {tasks[name].skip_reason()}" for name in names if tasks[name].skip_reason()]
     if skipped:
         raise ConfigurationError(f"--recost {'; '.join(skipped)}")
-    records = []
+    measured, records = commit(), []
     for name in names:
         task = tasks[name]
         chosen = _chosen_rows(docs / "leaderboard" / "cells.csv", task, suite.tune_epsilon)
         started = datetime.now(timezone.utc)
         rows = [_measure(suite, task, method, variant, chosen[variant.name], root, launcher, parameters)
                 for method in task.methods for variant in method.variants() if variant.name in chosen]
-        record = {"task": name, "title": task.title, "commit": commit(),
+        record = {"task": name, "title": task.title, "commit": measured,
                   "started": started.isoformat(timespec="minutes"), "device": device_name(),
                   "epsilon": suite.tune_epsilon, "launcher": launcher, "rows": rows,
                   "load_average_at_end": [round(x, 2) for x in os.getloadavg()]}
