@@ -25,6 +25,14 @@ def fmt_value(value: float | None, metric: str | None) -> str:
     return f"{100 * value:.1f}%" if metric == "accuracy" else f"{value:.3f}"
 
 
+def fmt_number(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)
+
+
+def fmt_ratio(value: float | None, base: float | None) -> str:
+    return "-" if value is None or not base else f"{value / base:.2f}x"
+
+
 def fmt_entry(entry: Entry) -> str:
     """'92.6% [91.9, 93.3]': the mean and its 95% interval over seeds."""
     text = fmt_value(entry.mean, entry.metric)

@@ -25,6 +25,7 @@ import torch
 
 from dpbench.errors import ConfigurationError
 from dpbench.leaderboard.cells import read_outcome, run_cell
+from dpbench.leaderboard.claims import fmt_number, fmt_ratio
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER
 from dpbench.leaderboard.scale import SECTION_TITLE as SCALE_TITLE
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
@@ -141,14 +142,6 @@ def remeasure(suite: Suite, names: list[str], docs: Path, root: Path, launcher: 
     return records
 
 
-def _number(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
-def _ratio(step: float | None, baseline: float | None) -> str:
-    return f"{step / baseline:.2f}x" if step and baseline else "-"
-
-
 def _short(reason: str) -> str:
     """A refusal's first clause (the task's table gives the whole), else the reason's start; no table separators."""
     clause = reason.split(": ")[0]
@@ -182,11 +175,11 @@ def _record_lines(record: dict[str, Any]) -> list[str]:
             reason = _short(row.get("reason") or "")
             measured = f"{row['status']}{': ' + reason if reason else ''} | | |"
         else:
-            measured = (f"{_number(row['samples_per_s'], '.0f')} | {_number(row['s_per_step'], '.3f')} | "
-                        f"{_ratio(row['s_per_step'], base_step)} | {_number(row['peak_memory_mb'], '.0f')}")
-        lines.append(f"| {_label(row, record['epsilon'])} | {measured} | {_number(recorded['s_per_step'], '.3f')} | "
-                     f"{_ratio(recorded['s_per_step'], base_recorded)} | "
-                     f"{_number(recorded['peak_memory_mb'], '.0f')} |")
+            measured = (f"{fmt_number(row['samples_per_s'], '.0f')} | {fmt_number(row['s_per_step'], '.3f')} | "
+                        f"{fmt_ratio(row['s_per_step'], base_step)} | {fmt_number(row['peak_memory_mb'], '.0f')}")
+        lines.append(f"| {_label(row, record['epsilon'])} | {measured} | {fmt_number(recorded['s_per_step'], '.3f')} | "
+                     f"{fmt_ratio(recorded['s_per_step'], base_recorded)} | "
+                     f"{fmt_number(recorded['peak_memory_mb'], '.0f')} |")
     return [*lines, ""]
 
 

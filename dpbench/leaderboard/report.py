@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from dpbench.leaderboard.cells import Outcome, read_outcomes
-from dpbench.leaderboard.claims import check_claims, fmt_entry, fmt_value, learned, winners
+from dpbench.leaderboard.claims import check_claims, fmt_entry, fmt_number, fmt_ratio, fmt_value, learned, winners
 from dpbench.leaderboard.compare import UNCLEAR, best_baseline, better_verdict, paired
 from dpbench.leaderboard.grid import optimum_status
 from dpbench.leaderboard.plots import cost_plot, epsilon_plot, headline_plot
@@ -145,10 +145,6 @@ def _cell_text(task: Task, entry: Entry | None, notes: list[str], selections: Se
     return "pending"
 
 
-def _number(value: float | None, spec: str) -> str:
-    return "-" if value is None else format(value, spec)
-
-
 def _variants(task: Task, entries: list[Entry]) -> dict[str, list[Entry]]:
     variants: dict[str, list[Entry]] = {}
     for entry in _order(task, entries):
@@ -180,8 +176,9 @@ def _task_table(task: Task, entries: list[Entry], suite: Suite, selections: Sele
         nonprivate = _cell_text(task, by_eps.get(None), notes, selections, suite) if None in by_eps else ""
         lines.append(
             f"| {group[0].label} | " + " | ".join(cells) + f" | {nonprivate} | "
-            f"{_number(reference.cost('samples_per_s'), '.0f')} | {_number(reference.cost('peak_mb'), '.0f')} | "
-            f"{_number(reference.cost('step_s'), '.3f')} | {_number(reference.cost('wall_s'), '.1f')}{cost_note} |"
+            f"{fmt_number(reference.cost('samples_per_s'), '.0f')} | {fmt_number(reference.cost('peak_mb'), '.0f')} | "
+            f"{fmt_number(reference.cost('step_s'), '.3f')} | "
+            f"{fmt_number(reference.cost('wall_s'), '.1f')}{cost_note} |"
         )
     lines.append("")
     if notes:
@@ -195,9 +192,10 @@ def _cost_table(task: Task, entries: list[Entry], suite: Suite) -> list[str]:
     for group in _variants(task, entries).values():
         reference, _ = _cost_reference(group, suite)
         budget = "non-private" if reference.epsilon is None else f"{reference.epsilon:g}"
-        lines.append(f"| {group[0].label} | {_number(reference.cost('samples_per_s'), '.0f')} | "
-                     f"{_number(reference.cost('peak_mb'), '.0f')} | {_number(reference.cost('step_s'), '.3f')} | "
-                     f"{_number(reference.cost('wall_s'), '.1f')} | {budget} |")
+        lines.append(f"| {group[0].label} | {fmt_number(reference.cost('samples_per_s'), '.0f')} | "
+                     f"{fmt_number(reference.cost('peak_mb'), '.0f')} | "
+                     f"{fmt_number(reference.cost('step_s'), '.3f')} | "
+                     f"{fmt_number(reference.cost('wall_s'), '.1f')} | {budget} |")
     return [*lines, ""]
 
 
@@ -267,7 +265,7 @@ def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]]) -> list[str]:
                 comparison = paired(best, base)
                 margin = comparison.text() if comparison else "no common seed"
                 verdict = better_verdict(comparison) if comparison else UNCLEAR
-            ratios = [_ratio(best.cost(c), base.cost(c)) for c in ("peak_mb", "step_s")]
+            ratios = [fmt_ratio(best.cost(c), base.cost(c)) for c in ("peak_mb", "step_s")]
             rows.append(f"| {task.title} | {epsilon:g} | {best.label} {fmt_entry(best)} | {base.label} | {margin} | "
                         f"{verdict} | {ratios[0]} memory, {ratios[1]} time |")
     if not rows:
@@ -295,10 +293,6 @@ def _anchor_lines(task: Task, entries: list[Entry]) -> list[str]:
                     else "not run here yet")
         lines.append(f"- {anchor.source}: {fmt_value(anchor.value, metric)} at {budget}; {measured}")
     return ["Published figures this task reproduces:", "", *lines, ""] if lines else []
-
-
-def _ratio(value: float | None, base: float | None) -> str:
-    return "-" if value is None or not base else f"{value / base:.2f}x"
 
 
 def _planned(suite: Suite, cell: dict[str, Any]) -> bool:
