@@ -35,13 +35,20 @@ def from_a_library(filename: str) -> bool:
     return not path.is_relative_to(_OWN) and any(path.is_relative_to(root) for root in _LIBRARIES)
 
 
+LIGHTNING_LOGGERS = ("lightning", "lightning.pytorch", "lightning.fabric")
+"""Loggers that Lightning gives a console handler at import: `lightning` always (its INFO lines would print a second
+time beside the root logger's), the other two where the root logger had no handler yet, and then without propagation
+(a process that imported Lightning before logging was set up, as the leaderboard's fork server does)."""
+
+
 def drop_lightning_console() -> None:
-    """Lightning adds a console handler of its own at import, which prints its INFO lines a second time beside the
-    root logger's: its records go through the root handlers (console filter, log file) only."""
-    lightning = logging.getLogger("lightning")
-    for handler in list(lightning.handlers):
-        if type(handler) is logging.StreamHandler:
-            lightning.removeHandler(handler)
+    """Lightning's records go through the root handlers (console filter, log file) only."""
+    for name in LIGHTNING_LOGGERS:
+        logger = logging.getLogger(name)
+        for handler in list(logger.handlers):
+            if type(handler) is logging.StreamHandler:
+                logger.removeHandler(handler)
+                logger.propagate = True
 
 
 @contextmanager

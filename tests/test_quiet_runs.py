@@ -1,6 +1,7 @@
 """What a run prints: dpbench's lines and summary, library chatter in dpbench.log, and on a terminal one progress
 bar over the whole run with its ETA."""
 
+import contextlib
 import fcntl
 import logging
 import os
@@ -14,6 +15,7 @@ import termios
 import warnings
 from pathlib import Path
 
+from dpbench.leaderboard.launch import launch_fork
 from dpbench.run_output import LIBRARY_WARNINGS, library_warnings_to_log
 from tests.cli import FAST, ROOT, dpbench
 
@@ -56,6 +58,20 @@ def test_default_run_prints_its_own_lines_and_logs_the_rest(tmp_path):
     assert lines[-1].startswith("W&B run saved offline; to upload it: wandb sync ")
     log = (run_dir / "dpbench.log").read_text()
     assert "[lightning.pytorch" in log and "GPU available" in log and "model=cnn: 26,010 parameters" in log
+
+
+def test_a_run_forked_after_lightning_was_imported_prints_its_own_lines_too(tmp_path):
+    """The leaderboard's fork launcher imports Lightning before any logging is set up, and Lightning then gives its
+    own loggers a console handler that bypasses the root logger's filter (its cells' logs showed its INFO lines)."""
+    run_dir, log = tmp_path / "run", tmp_path / "cell.log"
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    with contextlib.chdir(ROOT):
+        code = launch_fork(["max_steps=2", f"hydra.run.dir={run_dir}", *FAST], log, env)
+    lines = log.read_text().splitlines()
+    assert code == 0, "\n".join(lines[-40:])
+    summary = lines.index("dpbench run summary") - 1
+    assert [line for line in lines[:summary] if "][dpbench." not in line] == [], "\n".join(lines)
+    assert "GPU available" in (run_dir / "dpbench.log").read_text()
 
 
 def test_library_warnings_go_to_the_log_and_others_to_the_terminal(tmp_path, caplog):
