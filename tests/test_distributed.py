@@ -101,7 +101,7 @@ def test_the_cli_trains_under_lightning_ddp_and_accounts_each_step_once(tmp_path
     from tests.cli import FAST, dpbench, results
 
     run = dpbench("trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "max_steps=4",
-                  "trainer.checkpoint=false", f"hydra.run.dir={tmp_path}", *FAST)
+                  "trainer.checkpoint=false", f"hydra.run.dir={tmp_path}", *FAST, fresh_interpreter=True)
     assert run.returncode == 0, run.stderr[-3000:]
     out = results(tmp_path)
     ledger = json.loads((tmp_path / "privacy_ledger.json").read_text())
