@@ -60,7 +60,8 @@ class TrainerConfig:
     num_threads: int | None = None
     keep_freed_host_memory: bool = True
     """glibc keeps the memory a step frees instead of faulting it in again at the next step (training/host_memory.py):
-    on CPU up to 40% of a step's time in some processes."""
+    on CPU up to 40% of a step's time in some processes, at the cost of a higher resident peak where the heap fragments
+    (DP-LoRA on MiniLM at batch 1024: 8.5 against 5.0 GB after 8 steps); false: glibc's defaults."""
     checkpoint: bool = True
     """Write checkpoints/last.ckpt during training (cadence below), on SIGINT/SIGTERM and at the end."""
     checkpoint_every_n_steps: int | None = 100

@@ -8,9 +8,16 @@ fault them in again at the next: DP-SGD on the 26K CNN (batch 256, one thread, t
 Whether a process falls into it depends on the order of its first allocations, so it differs from run to run.
 
 Fixed thresholds keep blocks up to the first of MMAP_THRESHOLDS that glibc takes in the heap, and up to
-TRIM_THRESHOLD of its free top. The resident peak, which dpbench reports, is not raised by this; what a process held
-at its peak is kept after it. Both must be set: setting either one turns glibc's adaptation off, and a trim threshold
+TRIM_THRESHOLD of its free top. Both must be set: setting either one turns glibc's adaptation off, and a trim threshold
 alone leaves every block above 128 KiB mapped afresh (21,700 faults a step on the same CNN).
+
+It trades memory for time where steps allocate blocks of many sizes: the heap that now holds the large blocks
+fragments across Poisson batches of different sizes, so the resident peak, which dpbench reports, rises and grows over
+a run. DP-LoRA on MiniLM (batch 1024, 8 steps, one thread) took 25.1 s a step at an 8.5 GB peak against 34.5 s at
+5.0 GB under glibc's defaults, whose cost is zeroing the pages it maps afresh (transparent huge pages cut the faults
+28-fold but not the time: 36.8 s); over 84 steps its peak reached 12.9 GB (BENCHMARKS.md, 2026-11-28). A trim
+threshold of 128 MiB kept 8.4 GB, so it is the heap's fragments, not its free top. The run's
+trainer.keep_freed_host_memory=false keeps glibc's defaults.
 """
 
 from __future__ import annotations
