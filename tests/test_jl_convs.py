@@ -78,3 +78,28 @@ def test_the_first_layers_weight_tangents_run_as_one_convolution(monkeypatch):
     monkeypatch.setattr(F, "conv2d", counting)
     projections(model, (x, torch.randint(0, 3, (5,))), chunk_size=4)
     assert ((5, 2, 7, 7), (16, 2, 3, 3), (16,)) in calls
+
+
+class SampleLoop(nn.Module):
+    """A convolution called on one unbatched sample at a time ((C, L) or (C, H, W), as a loop over variable-length
+    samples calls it), channels equal to length so that reading channels as the batch would not fail on shapes."""
+
+    def __init__(self, conv: nn.Module, features: int):
+        super().__init__()
+        self.conv, self.head = conv, nn.Linear(features, 3)
+
+    def forward(self, x):
+        return self.head(torch.stack([self.conv(sample).flatten() for sample in x]))
+
+
+@pytest.mark.parametrize("chunk_size", [1, 4], ids=["dual pass", "vmap chunk"])
+@pytest.mark.parametrize("conv, shape", [(nn.Conv1d(8, 8, 3, padding=1), (8, 8)),
+                                         (nn.Conv2d(3, 5, 3, padding=1), (3, 3, 7))], ids=["1d", "2d"])
+def test_a_convolution_on_unbatched_samples_projects_exactly(conv, shape, chunk_size):
+    torch.manual_seed(0)
+    conv = conv.double()
+    features = conv(torch.zeros(*shape, dtype=torch.float64)).numel()
+    model = SampleLoop(conv, features).double()
+    batch = (torch.randn(6, *shape, dtype=torch.float64), torch.randint(0, 3, (6,)))
+    projected, reference = projections_and_reference(model, batch, chunk_size)
+    torch.testing.assert_close(projected, reference, rtol=1e-10, atol=1e-12)

@@ -44,8 +44,9 @@ class _ConvTangents(torch.autograd.Function):
     @staticmethod
     def vmap(info, in_dims, x, weight, dx, dweight, dbias, module):  # noqa: ANN001, ANN205
         x_dim, weight_dim, dx_dim, dweight_dim, dbias_dim, _ = in_dims
-        if x_dim is not None or weight_dim is not None or dweight_dim is None or module.groups != 1:
-            # not JL's shape (primal batched, or grouped channels that stacking would mix): functorch's own rules
+        unbatched = x.dim() < weight.dim()  # one sample without its batch dimension: stacking would read channels
+        if x_dim is not None or weight_dim is not None or dweight_dim is None or module.groups != 1 or unbatched:
+            # not JL's shape (primal batched or unbatched, grouped channels that stacking would mix): functorch's rules
             return torch.vmap(functools.partial(_formula, module=module), in_dims=in_dims[:5])(
                 x, weight, dx, dweight, dbias), 0
         count, out = info.batch_size, weight.shape[0]
