@@ -23,6 +23,32 @@ class TrainModeCentering(nn.Module):
         return h - 0.5 * h.mean(0, keepdim=True) if self.training else h
 
 
+class GradientOnlyMixing(nn.Module):
+    """Every loss is its sample's own, yet each sample's gradient carries the batch mean's: h + a (m - m.detach())
+    with m the batch mean of h is h in value and not in gradient."""
+
+    def __init__(self, features: int = 6, strength: float = 5.0):
+        super().__init__()
+        self.fc, self.strength = nn.Linear(features, 6), strength
+
+    def forward(self, x):
+        h = self.fc(x)
+        mean = h.mean(0, keepdim=True)
+        return h + self.strength * (mean - mean.detach())
+
+
+class NoiseLayer(nn.Module):
+    """Adds a little Gaussian noise (not dropout) and centres over the batch, in training mode only."""
+
+    def __init__(self, features: int = 6):
+        super().__init__()
+        self.fc = nn.Linear(features, 6)
+
+    def forward(self, x):
+        h = self.fc(x)
+        return h - h.mean(0, keepdim=True) + 1e-6 * torch.randn_like(h) if self.training else h
+
+
 class TrainModeStandardizing(TrainModeCentering):
     """Batch statistics in training mode whose per-example value is not finite (the std of one sample)."""
 

@@ -24,7 +24,14 @@ from dpbench.privatizers.per_sample.schedule import CheckSchedule
 from dpbench.tasks import ClassificationTask
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
-from tests.checked_models import GatedSortedBranch, ShapeDependentRounding, TrainModeCentering, TrainModeStandardizing
+from tests.checked_models import (
+    GatedSortedBranch,
+    GradientOnlyMixing,
+    NoiseLayer,
+    ShapeDependentRounding,
+    TrainModeCentering,
+    TrainModeStandardizing,
+)
 from tests.cli import FAST, dpbench
 
 SIZE, FEATURES, BATCH = 1024, 8, 32
@@ -282,8 +289,8 @@ def test_train_mode_mixing_through_a_real_trainer():
 
 def test_jl_refuses_a_forward_that_mixes_samples_while_training():
     """JL clips by one backward of the reweighted losses, exact only when loss_i depends on sample i alone: a
-    training-only batch mean broke that silently (add-one change 4.5 against C = 1 in review); now its loss check
-    refuses it before the first step."""
+    training-only batch mean broke that silently (add-one change 4.5 against C = 1 in review); now its
+    check refuses it before the first step."""
     torch.manual_seed(0)
     batch = torch.randn(9, 6), torch.randint(0, 3, (9,))
     with pytest.raises(UnsupportedModelError, match="mixes samples while training"):  # through a real Trainer
@@ -294,3 +301,22 @@ def test_jl_refuses_a_forward_that_mixes_samples_while_training():
     jl.attach(plain)
     jl.privatize(plain, ClassificationTask(), batch, StepContext(0, 9.0))
     assert jl.checks.checked_steps == [0]
+
+
+def test_jl_refuses_a_layer_that_mixes_the_samples_gradients_only():
+    """Every loss is its own sample's, so a loss check passed it, while one sample moved every clipped term (the
+    add-one change was 12.4 against C = 1 in review): JL's check compares gradients."""
+    torch.manual_seed(0)
+    with pytest.raises(UnsupportedModelError, match=r"0\.fc\.weight"):
+        train(nn.Sequential(GradientOnlyMixing(FEATURES), nn.Tanh(), nn.Linear(6, 2)),
+              {"name": "jl", "projections": 8}, steps=10)
+
+
+@pytest.mark.parametrize("compile", [False, True], ids=["eager", "compiled"])
+def test_jl_refuses_randomness_it_cannot_check(compile):
+    """A noise layer besides dropout: a sample alone and in its batch draw different numbers, so nothing can be
+    compared, and JL ran unchecked on a model that also centres over the batch. Refused before the first step."""
+    torch.manual_seed(0)
+    with pytest.raises(UnsupportedModelError, match="random numbers in training mode besides dropout"):
+        train(nn.Sequential(NoiseLayer(FEATURES), nn.Tanh(), nn.Linear(6, 2)),
+              {"name": "jl", "projections": 8, "compile": compile}, steps=10)

@@ -60,7 +60,16 @@ from dpbench.privatizers.per_sample.lstm_tangent import (
 )
 from dpbench.privatizers.per_sample.pool_tangent import gathering_pools, recording_pools
 from dpbench.privatizers.per_sample.tangent_rules import tangent_rules
-from dpbench.privatizers.per_sample.verify import loss_deviation, tolerance
+from dpbench.privatizers.per_sample.verify import (
+    Deviation,
+    as_trained_without_dropout,
+    describe,
+    deviation,
+    merge,
+    mismatched,
+    per_example_deviations,
+    select,
+)
 from dpbench.profiling.memory import free_mb
 from dpbench.tasks import Batch, Task, batch_size_of
 
@@ -364,31 +373,71 @@ class JL(PrivatizerStrategy):
         return {name: torch.zeros_like(p) if g is None else g for (name, p), g in zip(trainable.items(), grads,
                                                                                        strict=True)}
 
-    def _check_losses(self, model: nn.Module, task: Task, batch: Batch) -> None:
-        """Each checked sample's loss in the batch is its loss alone (verify.loss_deviation), on the checks' schedule:
-        the reweighted backward clips exactly only then."""
+    def _check_gradients(self, model: nn.Module, task: Task, batch: Batch) -> None:
+        """Each checked sample's gradient in the batch is its gradient alone, on the checks' schedule: JL's
+        projections and its reweighted backward clip exactly only then. Gradients, not losses: a layer can leave every
+        loss its sample's own and still mix the samples' gradients (h + a (m - m.detach()) with m a batch mean)."""
         started = time.perf_counter()
-        samples = self.checks.samples(batch_size_of(batch))
-        error = loss_deviation(model, task, batch, samples)
+        params = trainable_parameters(model)
+        bad: dict[str, float] = {}
+        with as_trained_without_dropout(model) as draws:
+            losses = task.per_sample_loss(model, batch)
+            finite = torch.isfinite(losses.detach())
+            if not bool(finite.all()):  # as the step drops them: a NaN row poisons the others' batched gradients
+                batch = select(batch, finite.nonzero().flatten().tolist())
+                losses = task.per_sample_loss(model, batch)
+            if draws.drawn():
+                raise UnsupportedModelError(
+                    f"the model draws random numbers in training mode besides dropout ({draws.describe()}: "
+                    "stochastic depth, a noise layer?), so JL cannot check that each sample's gradient in the batch "
+                    "is its own (a sample alone draws other numbers): turn that randomness off (e.g. "
+                    "drop_path_rate=0), or use privatizer=vanilla, whose functorch engine is per-sample by "
+                    "construction")
+            for sample in self.checks.samples(batch_size_of(batch)):
+                bad = merge(bad, self._sample_mismatch(model, task, batch, losses, params, sample))
         self.checks.checked(time.perf_counter() - started, set())
-        dtype = next(iter(trainable_parameters(model).values())).dtype
-        if error is None or error <= tolerance(dtype):
+        if not bad:
             return
-        step = self.checks.checked_steps[-1]
-        message = (f"at step {step}, per-sample losses in the batch differ from each sample's loss alone (relative "
-                   f"error {error:.2g}): the model mixes samples while training (e.g. batch statistics), so JL's "
-                   "reweighted backward would not clip each sample's gradient: remove that layer (GroupNorm or "
-                   "LayerNorm instead of batch statistics)")
+        message = (f"the gradients of {describe(bad)} of a sample in the batch differ from its gradient alone: the "
+                   "model mixes samples while training (e.g. batch statistics), so JL's projections and reweighted "
+                   "backward would not clip each sample's gradient: remove that layer (GroupNorm or LayerNorm instead "
+                   "of batch statistics)")
         if len(self.checks.checked_steps) <= 1:
             raise UnsupportedModelError(message)
-        raise PerSampleMismatch(f"{message}. The steps before {step} were clipped with mixed gradients, so the "
-                                "epsilon reported for them is not a guarantee", step, ["<forward>"])
+        step = self.checks.checked_steps[-1]
+        raise PerSampleMismatch(f"at step {step}, {message}. The steps before {step} were clipped with mixed "
+                                "gradients, so the epsilon reported for them is not a guarantee", step, sorted(bad))
+
+    @staticmethod
+    def _sample_mismatch(model: nn.Module, task: Task, batch: Batch, losses: Tensor, params: dict[str, nn.Parameter],
+                         sample: int) -> dict[str, float]:
+        """Parameters whose gradient of loss_sample in the batch is not the sample's own. As in the hook engine's
+        check, a mismatch is judged again against the sample repeated to the batch's size (kernels picked by shape
+        round otherwise for a sample alone; a model that mixes samples still differs there)."""
+        in_batch = torch.autograd.grad(losses[sample], list(params.values()), retain_graph=True, allow_unused=True)
+        got = {name: torch.zeros_like(p) if g is None else g
+               for (name, p), g in zip(params.items(), in_batch, strict=True)}
+
+        def compare(name: str, param: nn.Parameter, grad: Tensor | None) -> Deviation:
+            return deviation(got[name].clone(), float(got[name].norm()),
+                             torch.zeros_like(param) if grad is None else grad)
+
+        bad: dict[str, float] = {}
+        try:
+            for copies in (1, batch_size_of(batch)):
+                bad = mismatched(per_example_deviations(model, task, batch, sample, params, compare, copies))
+                if not bad:
+                    break
+        except RuntimeError as error:  # e.g. a model that cannot run a batch of one
+            raise UnsupportedModelError(f"per-example backward passes through this model failed ({error}), so JL "
+                                        "cannot check that it keeps the samples' gradients apart") from error
+        return bad
 
     def accumulate(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> tuple[float, dict]:
         if batch_size_of(batch) == 0:  # an empty Poisson batch is still a step: noise only
             return 0.0, {"batch_size": 0.0}
         if batch_size_of(batch) > 1 and self.checks.due():
-            self._check_losses(model, task, batch)
+            self._check_gradients(model, task, batch)
         losses, projected = self.projections(model, task, batch)
         estimates = projected.pow(2).mean(1).sqrt()
         stats = clipping_stats(estimates, self.privacy.clip_norm)

@@ -151,22 +151,6 @@ def select(batch: Batch, samples: list[int]) -> Batch:
     return tree_map(lambda t: t.index_select(0, index.to(t.device)), inputs), targets.index_select(0, index)
 
 
-def loss_deviation(model: nn.Module, task: Task, batch: Batch, samples: list[int]) -> float | None:
-    """The largest relative difference between a sample's loss in the batch and its loss alone, in training mode with
-    dropout off: a forward that mixes samples shows here, whatever forms the gradients (JL's one backward of the
-    reweighted losses is exact only when loss_i depends on sample i alone). None: the model draws random numbers
-    besides dropout, so the two cannot be compared."""
-    with torch.no_grad(), as_trained_without_dropout(model) as draws:
-        batched = task.per_sample_loss(model, batch)[samples].double()
-        if draws.drawn():
-            return None
-        alone = torch.cat([task.per_sample_loss(model, select(batch, [i])) for i in samples]).double()
-    if not bool(torch.isfinite(batched).all()) or not bool(torch.isfinite(alone).all()):
-        return 0.0 if torch.equal(torch.isfinite(batched), torch.isfinite(alone)) else math.inf
-    scale = alone.abs() + batched.abs().mean() * 1e-4 + torch.finfo(batched.dtype).tiny
-    return float(((batched - alone).abs() / scale).max())
-
-
 def per_example_deviations(
     model: nn.Module, task: Task, batch: Batch, sample: int, params: dict[str, nn.Parameter], compare: Compare,
     copies: int = 1,
@@ -241,7 +225,7 @@ def mismatched(deviations: dict[str, Deviation]) -> dict[str, float]:
         scale = d.reference_norm + 1e-4 * total
         allowed = max(tolerance(dtype) for dtype in d.dtypes) * scale
         if not d.error <= allowed:  # `not <=` also catches nan
-            bad[name] = d.error / scale if scale else math.inf
+            bad[name] = d.error / scale if scale and not math.isnan(d.error) else math.inf  # merge's max drops nan
     return bad
 
 
