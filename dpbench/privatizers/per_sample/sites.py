@@ -56,31 +56,71 @@ class DenseSite(Site):
 
 
 class OuterProductSite(Site):
-    """Weight of a linear map applied at T positions: g_i = sum_t G_it A_it^T, A (B,T,in), G (B,T,out)."""
+    """Weight of a linear map applied at T positions: g_i = sum_t G_it A_it^T, A (B,T,in), G (B,T,out).
+
+    Its ghost norm sum_ts (A_it . A_is)(G_it . G_is) cancels where the tokens' terms do, and its rounding error is
+    about eps * S_i^2 (S_i = sum_t ||A_it|| ||G_it||) however small the norm: a record of two tokens +1e5 u and
+    -1e5 u + v was clipped by a tenth of its norm in float32 (its contribution 1.8 C). norms.py finds such samples
+    (`scale_sq`) and has the site hold their gradients materialized in float64 (`hold_exact`): their norms and their
+    share of the weighted sum then come from the same tensor, so what is added is what was clipped.
+    """
 
     def __init__(self, activations: Tensor, output_grads: Tensor, shape: torch.Size):
         self.activations = activations
         self.output_grads = output_grads
         self.shape = shape
+        self.exact: tuple[Tensor, Tensor] | None = None
+        """(rows, their (k, *shape) float64 gradients): the samples held materialized."""
 
-    def norm_sq(self) -> Tensor:
+    def ghost_norm_sq(self) -> Tensor:
         a, g = self.activations, self.output_grads
         if a.shape[1] == 1:
             return a.pow(2).sum((1, 2)) * g.pow(2).sum((1, 2))
         return (torch.bmm(a, a.transpose(1, 2)) * torch.bmm(g, g.transpose(1, 2))).sum((1, 2))
 
+    def norm_sq(self) -> Tensor:
+        norms = self.ghost_norm_sq()
+        if self.exact is None:
+            return norms
+        rows, grads = self.exact
+        return norms.index_put((rows,), grads.flatten(1).pow(2).sum(1).to(norms.dtype))
+
+    def scale_sq(self) -> Tensor:
+        """(B,) S^2: the ghost norm's rounding error is about eps * S^2 (at one position none: no cancellation)."""
+        if self.activations.shape[1] == 1:
+            return torch.zeros(self.activations.shape[0], dtype=self.activations.dtype,
+                               device=self.activations.device)
+        return (self.activations.norm(dim=2) * self.output_grads.norm(dim=2)).sum(1).pow(2)
+
+    def hold_exact(self, rows: Tensor) -> Tensor:
+        """Hold the gradients of `rows` materialized in float64 from now on; returns their squared norms."""
+        grads = torch.bmm(self.output_grads[rows].double().transpose(1, 2), self.activations[rows].double())
+        self.exact = (rows, grads)
+        return grads.flatten(1).pow(2).sum(1)
+
     def weighted_sum(self, factors: Tensor) -> Tensor:
         a, g = self.activations, self.output_grads
-        scaled = g * factors.to(g.dtype).view(-1, 1, 1)
-        return (scaled.reshape(-1, g.shape[-1]).T @ a.reshape(-1, a.shape[-1])).view(self.shape)
+        ghost_factors = factors if self.exact is None else factors.index_fill(0, self.exact[0], 0)
+        scaled = g * ghost_factors.to(g.dtype).view(-1, 1, 1)
+        total = (scaled.reshape(-1, g.shape[-1]).T @ a.reshape(-1, a.shape[-1])).view(self.shape)
+        if self.exact is None:
+            return total
+        rows, grads = self.exact
+        return total + torch.tensordot(factors[rows].double(), grads, dims=1).view(self.shape).to(total.dtype)
 
     def materialize(self) -> Tensor:
         per_sample = torch.bmm(self.output_grads.transpose(1, 2), self.activations)
+        if self.exact is not None:
+            rows, grads = self.exact
+            per_sample = per_sample.index_put((rows,), grads.to(per_sample.dtype))
         return per_sample.view(-1, *self.shape)
 
     def zero_samples(self, bad: Tensor) -> None:
         self.activations = _zero_rows(self.activations, bad)
         self.output_grads = _zero_rows(self.output_grads, bad)
+        if self.exact is not None:
+            rows, grads = self.exact
+            self.exact = (rows, _zero_rows(grads, bad[rows]))
 
 
 class EmbeddingSite(Site):

@@ -1,0 +1,135 @@
+"""Ghost norms of tokens whose terms cancel (sites.py, norms.py): a record of two tokens +big u and -big u + v has a
+small gradient, but its ghost norm is a difference of ~big^2 terms. Its float32 ghost norm was a tenth of the true
+one, so its clipped contribution reached 1.8 C. Such samples are now clipped and summed from their gradients
+materialized in float64: every contribution stays within C, through the engine and through a real Trainer."""
+
+import lightning as L
+import pytest
+import torch
+from omegaconf import OmegaConf
+from torch import nn
+
+from dpbench.data import DataBundle, TensorSplit
+from dpbench.optim import OptimizerConfig
+from dpbench.privacy.accountant import PrivacyAccountant
+from dpbench.privacy.ledger import PrivacyLedger
+from dpbench.privacy.randomness import PrivacyRandomness
+from dpbench.privatizers import PrivacySettings, make_strategy
+from dpbench.privatizers.per_sample import HookEngine
+from dpbench.tasks import ClassificationTask
+from dpbench.training.datamodule import DPDataModule
+from dpbench.training.module import DPModule
+
+TASK, FEATURES, CLIP = ClassificationTask(), 16, 1.0
+
+
+class MeanPool(nn.Module):
+    """Tokens -> Linear -> mean over tokens -> Linear: the first layer's ghost norm reads the raw tokens."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc, self.head = nn.Linear(FEATURES, 16), nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head(self.fc(x).mean(1))
+
+
+class SharedInput(nn.Module):
+    """Three layers read the same tokens, as an attention block's query, key and value do: one shared Gram."""
+
+    def __init__(self):
+        super().__init__()
+        self.q, self.k, self.v = (nn.Linear(FEATURES, 16) for _ in range(3))
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x):
+        return self.head((self.q(x) + torch.tanh(self.k(x)) + self.v(x)).mean(1))
+
+
+def cancelling(count: int, big: float, seed: int = 0) -> torch.Tensor:
+    generator = torch.Generator().manual_seed(seed)
+    u, v = torch.randn(count, FEATURES, generator=generator), 20 * torch.randn(count, FEATURES, generator=generator)
+    return torch.stack([big * u, -big * u + v], dim=1)
+
+
+def contributions(engine: HookEngine, batch) -> torch.Tensor:
+    sites, factors, _, _ = engine.clipped_sites(TASK, batch, CLIP)
+    return each_contribution(sites, factors)
+
+
+def each_contribution(sites, factors: torch.Tensor) -> torch.Tensor:
+    """Each sample's clipped contribution as the step sums it: the same sites, its factor alone."""
+    alone = []
+    for i in range(factors.shape[0]):
+        one = torch.zeros_like(factors).index_fill(0, torch.tensor([i]), 1) * factors
+        alone.append(torch.sqrt(sum(site.weighted_sum(one).double().pow(2).sum()
+                                    for group in sites.values() for site in group)))
+    return torch.stack(alone)
+
+
+def exact_norms(model: nn.Module, batch) -> torch.Tensor:
+    """Per-example gradient norms of a float64 copy on the same (float32) inputs."""
+    copy = type(model)().double()
+    copy.load_state_dict(model.state_dict())
+    norms = []
+    for x, y in zip(*batch, strict=True):
+        grads = torch.autograd.grad(TASK.per_sample_loss(copy, (x[None].double(), y[None])).sum(),
+                                    list(copy.parameters()))
+        norms.append(torch.sqrt(sum(g.pow(2).sum() for g in grads)))
+    return torch.stack(norms)
+
+
+@pytest.mark.parametrize("big", [1e5, 1e9])
+@pytest.mark.parametrize("build", [MeanPool, SharedInput])
+def test_each_contribution_of_cancelling_tokens_is_within_the_clip_norm(build, big):
+    torch.manual_seed(0)
+    model = build()
+    x = cancelling(12, big)
+    batch = (x, torch.randint(0, 3, (12,), generator=torch.Generator().manual_seed(1)))
+    engine = HookEngine(model)  # used directly, it checks its first batch only: an ordinary one
+    engine.clipped_sum(TASK, (torch.randn(12, 2, FEATURES), batch[1]), CLIP)
+    assert bool((contributions(engine, batch) <= CLIP * (1 + 1e-5)).all())
+    if big == 1e5:  # the norms are the gradients' (at 1e9 float32 tokens lose v, and the model computes otherwise)
+        norms = engine.clipped_sum(TASK, batch, CLIP).norms  # float32 activations: within 1%, not 10x as before
+        torch.testing.assert_close(norms.double(), exact_norms(model, batch), rtol=1e-2, atol=0)
+
+
+def test_well_conditioned_samples_keep_the_ghost_path():
+    torch.manual_seed(0)
+    model = SharedInput()
+    engine = HookEngine(model)
+    sites, _, _, _ = engine.clipped_sites(TASK, (torch.randn(16, 5, FEATURES), torch.randint(0, 3, (16,))), CLIP)
+    assert all(getattr(site, "exact", None) is None for group in sites.values() for site in group)
+
+
+def test_cancelling_records_stay_within_the_clip_norm_through_a_real_trainer(monkeypatch):
+    """Every record of the data cancels (at 1e4, where float32 per-example passes still pass the engine's checks);
+    each step's sites, the ones the step sums, give every sample's contribution, over Poisson batches of several
+    epochs."""
+    size, batch_size = 256, 16
+    x = cancelling(size, 1e4, seed=3)
+    targets = torch.randint(0, 3, (size,), generator=torch.Generator().manual_seed(4))
+    bundle = DataBundle("cancelling", TensorSplit(x, targets), TensorSplit(x[:32], targets[:32]), num_classes=3)
+    randomness = PrivacyRandomness(5)
+    strategy = make_strategy(OmegaConf.create({"name": "vanilla", "engine": "hooks"}),
+                             PrivacySettings(CLIP, batch_size / size, 1.0, randomness))
+    torch.manual_seed(0)
+    model = MeanPool()
+    strategy.prepare(model, 40, 1e-5, None, PrivacyAccountant())
+    seen = []
+    clipped_sites = HookEngine.clipped_sites
+
+    def spying(engine, task, batch, clip_norm, *args):
+        result = clipped_sites(engine, task, batch, clip_norm, *args)
+        seen.extend(each_contribution(result[0], result[1]).tolist())
+        return result
+
+    monkeypatch.setattr(HookEngine, "clipped_sites", spying)
+    module = DPModule(model, bundle.task, strategy, OptimizerConfig(name="sgd", lr=0.05), PrivacyLedger(1e-5),
+                      float(batch_size), train_stats=False)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=-1, max_steps=40, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0,
+                        limit_val_batches=0, use_distributed_sampler=False)
+    trainer.fit(module, datamodule=DPDataModule(bundle, batch_size, "poisson", randomness, eval_batch_size=64))
+    assert module.ledger.steps == 40 and len(seen) > 400
+    assert max(seen) <= CLIP * (1 + 1e-5)
