@@ -148,3 +148,13 @@ def test_a_transformer_run_on_cuda_keeps_the_hook_engine(tmp_path):
                   "trainer.accelerator=gpu", "max_steps=4", "epochs=1", "batch_size=32", f"hydra.run.dir={tmp_path}")
     assert run.returncode == 0, run.stderr[-3000:]
     assert results(tmp_path)["per_sample_check"]["switched_engine"] is None
+
+
+def test_cuda_draws_seed_philox_and_its_offset_from_the_key():
+    """On CUDA the secret draws come from torch's Philox: 64 bits of seed and an offset from 60 more key bits."""
+    from dpbench.privacy.randomness import PrivacyRandomness
+
+    randomness = PrivacyRandomness(7)
+    draws = randomness.draws("noise", 0, device="cuda")
+    assert draws.generator.get_offset() % 4 == 0 and draws.generator.get_offset() > 0
+    assert not torch.equal(draws.normal((64,)), randomness.draws("noise", 1, device="cuda").normal((64,)))

@@ -1,6 +1,7 @@
 """Issue 14, finding 2: the secret randomness (noise, sampling, selection, ...) is independent of everything the run
 publishes, its public seed included, and privacy.secure_rng reaches every secret draw."""
 
+import numpy as np
 import pytest
 import torch
 from hydra import compose, initialize_config_dir
@@ -11,7 +12,7 @@ from dpbench.config import register_schemas
 from dpbench.data import load_data
 from dpbench.errors import ConfigurationError
 from dpbench.models import build_model
-from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
+from dpbench.privacy.randomness import STREAMS, PrivacyRandomness, PrivateStream
 from tests.cli import FAST, dpbench, final_weights
 from tests.trainer_run import fit, index_data
 
@@ -91,3 +92,21 @@ def test_a_resume_with_another_explicit_privacy_seed_or_secure_rng_is_refused():
         PrivacyRandomness(6).load_state_dict(state)
     with pytest.raises(ConfigurationError, match="secure_rng"):
         PrivacyRandomness(5, secure=True).load_state_dict(state)
+
+
+def test_keys_whose_32_bit_seeds_collide_still_draw_different_noise():
+    """torch's CPU generator keeps 32 bits of its seed, so the host noise had 2^32 possible streams, which a released
+    gradient lets anyone search (a review: about a day on one core). Among a few tens of thousands of keys two share
+    those 32 bits (a birthday collision); their host draws must still differ, as 128-bit Philox keys make them."""
+    root, seen, pair = 2026, {}, None
+    for index in range(300_000):
+        low = int(np.random.SeedSequence([root, STREAMS["noise"], index]).generate_state(2)[1])
+        if low in seen:
+            pair = (seen[low], index)
+            break
+        seen[low] = index
+    assert pair is not None
+    randomness = PrivacyRandomness(root)
+    first, second = (randomness.draws("noise", index).normal((256,)) for index in pair)
+    assert not torch.equal(first, second)
+    assert not torch.equal(*(randomness.draws("noise", index).permutation(1000) for index in pair))

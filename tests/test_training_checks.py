@@ -199,8 +199,8 @@ def test_checked_steps_and_samples_are_secret_draws():
     steps, samples = schedule(1)
     assert schedule(1) == (steps, samples)
     assert schedule(2) != (steps, samples)
-    assert 4 <= len(steps) <= 2 * math.log2(400)  # geometric: each next one 1.5-2.5 times further
-    assert all(1.4 <= b / a <= 2.6 for a, b in zip(steps[1:], steps[2:], strict=False))
+    assert 4 <= len(steps) <= 2 * math.log2(400)  # geometric: each gap 0.5-1.5 times the steps so far
+    assert all(0.5 * (a + 1) - 0.5 <= b - a <= 1.5 * (a + 1) + 0.5 for a, b in zip(steps, steps[1:], strict=False))
     assert all(len(set(s)) == 3 for s in samples)
 
 
