@@ -53,8 +53,14 @@ def tied_batch(size: int = 5, seed: int = 0):
     return torch.randn(size, 6, generator=generator), torch.randint(0, 2, (size,), generator=generator)
 
 
+def features_model() -> nn.Module:
+    """GroupNorm on (B, C) features, no spatial dimensions (its rule once summed over every dimension there)."""
+    return nn.Sequential(nn.Linear(6, 6), nn.GroupNorm(2, 6), nn.Tanh(), nn.Linear(6, 2))
+
+
 CASES = {
     "cnn": (lambda: TFPrivacyCNN(), cnn_batch),
+    "features": (features_model, tied_batch),
     "sequence": (lambda: SequenceModel(), sequence_batch),
     "tied": (lambda: TiedModel(), tied_batch),
 }

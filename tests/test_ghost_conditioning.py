@@ -1,4 +1,4 @@
-"""Ghost norms of tokens whose terms cancel (sites.py, norms.py): a record of two tokens +big u and -big u + v has a
+"""Ghost norms of tokens whose terms cancel (sites.py, norms.py; an embedding's repeated token at the end): a record of two tokens +big u and -big u + v has a
 small gradient, but its ghost norm is a difference of ~big^2 terms. Its float32 ghost norm was a tenth of the true
 one, so its clipped contribution reached 1.8 C. Such samples are now clipped and summed from their gradients
 materialized in float64: every contribution stays within C, through the engine and through a real Trainer."""
@@ -14,7 +14,7 @@ from dpbench.optim import OptimizerConfig
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privacy.randomness import PrivacyRandomness
-from dpbench.privatizers import PrivacySettings, make_strategy
+from dpbench.privatizers import PrivacySettings, StepContext, make_strategy
 from dpbench.privatizers.per_sample import HookEngine
 from dpbench.tasks import ClassificationTask
 from dpbench.training.datamodule import DPDataModule
@@ -73,8 +73,9 @@ def exact_norms(model: nn.Module, batch) -> torch.Tensor:
     copy.load_state_dict(model.state_dict())
     norms = []
     for x, y in zip(*batch, strict=True):
-        grads = torch.autograd.grad(TASK.per_sample_loss(copy, (x[None].double(), y[None])).sum(),
-                                    list(copy.parameters()))
+        inputs = x[None].double() if x.is_floating_point() else x[None]
+        grads = torch.autograd.grad(TASK.per_sample_loss(copy, (inputs, y[None])).sum(),
+                                    [p for p in copy.parameters() if p.requires_grad])
         norms.append(torch.sqrt(sum(g.pow(2).sum() for g in grads)))
     return torch.stack(norms)
 
@@ -133,3 +134,43 @@ def test_cancelling_records_stay_within_the_clip_norm_through_a_real_trainer(mon
     trainer.fit(module, datamodule=DPDataModule(bundle, batch_size, "poisson", randomness, eval_batch_size=64))
     assert module.ledger.steps == 40 and len(seen) > 400
     assert max(seen) <= CLIP * (1 + 1e-5)
+
+
+class RepeatedToken(nn.Module):
+    """Token ids -> Embedding -> both positions side by side -> a frozen head whose two position blocks are big u and
+    -big u + v: a record repeating one token gets output gradients at its two positions that nearly cancel."""
+
+    def __init__(self, big: float = 1e5, vocabulary: int = 10, width: int = 8):
+        super().__init__()
+        self.embedding = nn.Embedding(vocabulary, width)
+        self.head = nn.Linear(2 * width, 3)
+        generator = torch.Generator().manual_seed(2)
+        u, v = torch.randn(3, width, generator=generator), torch.randn(3, width, generator=generator)
+        with torch.no_grad():
+            self.head.weight.copy_(torch.cat([big * u, -big * u + v], dim=1))
+        self.head.requires_grad_(False)
+
+    def forward(self, ids):
+        return self.head(self.embedding(ids).flatten(1))
+
+
+@pytest.mark.parametrize("privatizer", ["vanilla", "sparse"])
+def test_a_repeated_token_whose_gradients_cancel_stays_within_the_clip_norm(privatizer):
+    torch.manual_seed(0)
+    model = RepeatedToken()
+    ids = torch.arange(10).repeat_interleave(2).view(10, 2)  # each record repeats one token
+    batch = (ids, torch.randint(0, 3, (10,), generator=torch.Generator().manual_seed(3)))
+    engine = HookEngine(model)
+    engine.clipped_sum(TASK, (torch.randint(0, 10, (10, 2)), batch[1]), CLIP)  # its one check, on ordinary records
+    assert bool((contributions(engine, batch) <= CLIP * (1 + 1e-5)).all())
+    norms = engine.clipped_sum(TASK, batch, CLIP).norms
+    # the float32 logits cancel too, so the model's own gradients are a percent from float64's (the Gram gave 0)
+    torch.testing.assert_close(norms.double(), exact_norms(model, batch), rtol=5e-2, atol=1e-6)
+    if privatizer == "sparse":  # sparse sums the rows itself
+        strategy = make_strategy(OmegaConf.create({"name": "sparse", "selection": "random"}),
+                                 PrivacySettings(CLIP, 0.1, 0.0, PrivacyRandomness(0)))
+        strategy.attach(model)
+        for i in range(10):
+            strategy.accumulate(model, TASK, (ids[i:i + 1], batch[1][i:i + 1]), StepContext(0, 1.0))
+            _, values = strategy._touched(1.0)
+            assert float(values.norm()) <= CLIP * (1 + 1e-5)

@@ -244,10 +244,8 @@ class Sparse(PrivatizerStrategy):
         sites, factors, norms, losses = self.engine.clipped_sites(task, batch, self.privacy.clip_norm)
         for name, group in sites.items():
             for site in group:
-                if isinstance(site, EmbeddingSite):  # the sample's rows only
-                    rows = site.ids.reshape(-1)
-                    values = (site.output_grads * factors.to(site.output_grads.dtype).view(-1, 1, 1))
-                    values = values.reshape(rows.shape[0], -1)
+                if isinstance(site, EmbeddingSite):  # the samples' rows only
+                    rows, values = site.weighted_rows(factors)
                 else:
                     values = site.weighted_sum(factors)
                     values = values.reshape(values.shape[0] if values.dim() > 0 else 1, -1)

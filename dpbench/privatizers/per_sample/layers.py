@@ -184,8 +184,9 @@ def layer_norm_sites(module: nn.LayerNorm, x: Tensor, g: Tensor, dense: bool) ->
 
 def group_norm_sites(module: nn.GroupNorm, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
     normalized = F.group_norm(x, module.num_groups, *_unit_affine(x, (x.shape[1],)), eps=module.eps)
-    reduce = tuple(range(2, x.dim()))
-    return _affine_sites(module, (g * normalized).sum(reduce), g.sum(reduce))
+    reduce = tuple(range(2, x.dim()))  # none for a (B, C) input: sum(()) would reduce every dimension
+    return _affine_sites(module, (g * normalized).sum(reduce) if reduce else g * normalized,
+                         g.sum(reduce) if reduce else g)
 
 
 def vit_embeddings_sites(module: nn.Module, x: Tensor, g: Tensor, dense: bool) -> SiteMap:

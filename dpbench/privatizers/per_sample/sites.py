@@ -124,30 +124,50 @@ class OuterProductSite(Site):
 
 
 class EmbeddingSite(Site):
-    """Embedding rows: g_i[v] = sum_{t: ids_it = v} G_it. Norm from matching-token Gram, sum by index_add."""
+    """Embedding rows: g_i[v] = sum_{t: ids_it = v} G_it. Each sample's positions are summed per distinct id once
+    (`rows`), and its norm and its share of the weighted sum both come from those sums, so what is added is what was
+    clipped. The same-token Gram used before, sum_ts [ids_it = ids_is] G_it . G_is, cancelled in float32 where a
+    record's positions of one id had opposite gradients: one record's contribution reached 129 C (review,
+    2026-11-28). The sums also cost B T d against the Gram's B T^2 d."""
 
     def __init__(self, ids: Tensor, output_grads: Tensor, num_embeddings: int):
         self.ids = ids  # (B, T)
         self.output_grads = output_grads  # (B, T, d)
         self.num_embeddings = num_embeddings
+        self._rows: tuple[Tensor, Tensor, Tensor] | None = None
+
+    def rows(self) -> tuple[Tensor, Tensor, Tensor]:
+        """(sample, id, summed gradient) of every (sample, id) pair the batch holds."""
+        if self._rows is None:
+            batch, length = self.ids.shape
+            samples = torch.arange(batch, device=self.ids.device).repeat_interleave(length)
+            pairs, inverse = torch.unique(samples * self.num_embeddings + self.ids.reshape(-1), return_inverse=True)
+            g = self.output_grads.reshape(-1, self.output_grads.shape[-1])
+            sums = torch.zeros(pairs.shape[0], g.shape[1], dtype=g.dtype, device=g.device).index_add_(0, inverse, g)
+            self._rows = (pairs // self.num_embeddings, pairs % self.num_embeddings, sums)
+        return self._rows
 
     def norm_sq(self) -> Tensor:
-        g = self.output_grads
-        if self.ids.shape[1] == 1:
-            return g.pow(2).sum((1, 2))
-        same_token = self.ids.unsqueeze(2) == self.ids.unsqueeze(1)
-        return (torch.bmm(g, g.transpose(1, 2)) * same_token).sum((1, 2))
+        samples, _, sums = self.rows()
+        norms = torch.zeros(self.ids.shape[0], dtype=sums.dtype, device=sums.device)
+        return norms.index_add_(0, samples, sums.pow(2).sum(1))
+
+    def weighted_rows(self, factors: Tensor) -> tuple[Tensor, Tensor]:
+        """(ids, factor_i times each summed row): the weighted sum before rows of one id are added up."""
+        samples, ids, sums = self.rows()
+        return ids, sums * factors.to(sums.dtype)[samples].unsqueeze(1)
 
     def weighted_sum(self, factors: Tensor) -> Tensor:
-        g = self.output_grads * factors.to(self.output_grads.dtype).view(-1, 1, 1)
-        out = torch.zeros(self.num_embeddings, g.shape[-1], dtype=g.dtype, device=g.device)
-        return out.index_add_(0, self.ids.reshape(-1), g.reshape(-1, g.shape[-1]))
+        ids, values = self.weighted_rows(factors)
+        out = torch.zeros(self.num_embeddings, values.shape[1], dtype=values.dtype, device=values.device)
+        return out.index_add_(0, ids, values)
 
     def materialize(self) -> Tensor:
-        batch, _, dim = self.output_grads.shape
-        out = torch.zeros(batch, self.num_embeddings, dim, dtype=self.output_grads.dtype, device=self.ids.device)
-        index = self.ids.unsqueeze(-1).expand(-1, -1, dim)
-        return out.scatter_add_(1, index, self.output_grads)
+        samples, ids, sums = self.rows()
+        out = torch.zeros(self.ids.shape[0], self.num_embeddings, sums.shape[1], dtype=sums.dtype,
+                          device=sums.device)
+        return out.index_put_((samples, ids), sums)
 
     def zero_samples(self, bad: Tensor) -> None:
         self.output_grads = _zero_rows(self.output_grads, bad)
+        self._rows = None
