@@ -1,7 +1,8 @@
-"""Ghost norms of tokens whose terms cancel (sites.py, norms.py; an embedding's repeated token at the end): a record of two tokens +big u and -big u + v has a
-small gradient, but its ghost norm is a difference of ~big^2 terms. Its float32 ghost norm was a tenth of the true
-one, so its clipped contribution reached 1.8 C. Such samples are now clipped and summed from their gradients
-materialized in float64: every contribution stays within C, through the engine and through a real Trainer."""
+"""Ghost norms of tokens whose terms cancel (sites.py, norms.py; an embedding's repeated token at the end): a record of
+two tokens +big u and -big u + v has a small gradient, but its ghost norm is a difference of ~big^2 terms. Its float32
+ghost norm was a tenth of the true one, so its clipped contribution reached 1.8 C. Such samples are now clipped and
+summed from their gradients materialized in float64: every contribution stays within C, through the engine and
+through a real Trainer."""
 
 import lightning as L
 import pytest

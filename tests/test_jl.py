@@ -288,6 +288,20 @@ def test_a_nan_sample_is_dropped_and_the_rest_keep_matching_masks(build):
     assert torch.all((ratio - 1).abs() < 5 * (2 / 3000) ** 0.5), ratio
 
 
+def test_a_batch_without_a_finite_loss_at_a_checked_step_is_a_noise_only_step():
+    """The check leaves non-finite samples out as the step does; with none left it has nothing to compare."""
+    torch.manual_seed(5)
+    model = DropoutMLP().train()
+    ids, labels = sequence_batch()
+    with torch.no_grad():
+        model.embedding.weight.fill_(float("nan"))
+    strategy = jl(10)
+    strategy.attach(model)
+    assert strategy.checks.due()
+    loss, stats = strategy.accumulate(model, TASK, (ids, labels), StepContext(0, float(len(labels))))
+    assert loss == 0.0 and stats["nonfinite_samples"] == len(labels) and strategy.checks.checked_steps == [0]
+
+
 @pytest.mark.parametrize(("free_mb", "expected"), [
     (None, [4, 4, 1]),  # memory unknown: four directions a pass
     (1e6, [9]),  # all of them in one pass

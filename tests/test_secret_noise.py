@@ -110,3 +110,13 @@ def test_keys_whose_32_bit_seeds_collide_still_draw_different_noise():
     first, second = (randomness.draws("noise", index).normal((256,)) for index in pair)
     assert not torch.equal(first, second)
     assert not torch.equal(*(randomness.draws("noise", index).permutation(1000) for index in pair))
+
+
+def test_host_draws_are_the_same_on_any_number_of_cores(monkeypatch):
+    """A large draw is split over the cores in fixed blocks: GRAPE's and D2P2's matrices and JL's directions must not
+    change with the machine a run (or its resume) lands on."""
+    drawn = []
+    for cores in (1, 2, 3):
+        monkeypatch.setattr(randomness_module.os, "cpu_count", lambda cores=cores: cores)
+        drawn.append(PrivacyRandomness(11).draws("jl", 0).normal((3 * randomness_module.PARALLEL_DRAWS + 5,)))
+    assert all(torch.equal(drawn[0], other) for other in drawn[1:])

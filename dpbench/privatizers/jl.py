@@ -382,10 +382,6 @@ class JL(PrivatizerStrategy):
         bad: dict[str, float] = {}
         with as_trained_without_dropout(model) as draws:
             losses = task.per_sample_loss(model, batch)
-            finite = torch.isfinite(losses.detach())
-            if not bool(finite.all()):  # as the step drops them: a NaN row poisons the others' batched gradients
-                batch = select(batch, finite.nonzero().flatten().tolist())
-                losses = task.per_sample_loss(model, batch)
             if draws.drawn():
                 raise UnsupportedModelError(
                     f"the model draws random numbers in training mode besides dropout ({draws.describe()}: "
@@ -393,6 +389,11 @@ class JL(PrivatizerStrategy):
                     "is its own (a sample alone draws other numbers): turn that randomness off (e.g. "
                     "drop_path_rate=0), or use privatizer=vanilla, whose functorch engine is per-sample by "
                     "construction")
+            finite = torch.isfinite(losses.detach())
+            if not bool(finite.all()):  # as the step drops them: a NaN row poisons the others' batched gradients
+                kept = finite.nonzero().flatten().tolist()
+                batch = select(batch, kept)
+                losses = task.per_sample_loss(model, batch) if kept else losses[:0]
             for sample in self.checks.samples(batch_size_of(batch)):
                 bad = merge(bad, self._sample_mismatch(model, task, batch, losses, params, sample))
         self.checks.checked(time.perf_counter() - started, set())

@@ -147,7 +147,7 @@ def evaluation(model: nn.Module) -> Iterator[None]:
 
 def select(batch: Batch, samples: list[int]) -> Batch:
     inputs, targets = batch
-    index = torch.tensor(samples, device=targets.device)
+    index = torch.tensor(samples, dtype=torch.long, device=targets.device)
     return tree_map(lambda t: t.index_select(0, index.to(t.device)), inputs), targets.index_select(0, index)
 
 
