@@ -8,7 +8,7 @@ kept only in checkpoints, so that nothing a run writes lets anyone regenerate it
 resumed run continues the streams.
 
 Each use draws from its own key (root, stream, indices...), so streams never overlap:
-- by default 128 bits from numpy's SeedSequence of the key: on CPU they key a numpy Philox (torch's CPU generator
+- by default 128 bits from numpy's SeedSequence of the key: on the host they key a numpy Philox (torch's CPU generator
   keeps only 32 bits of its seed: its noise could be found by trying every seed, 2^32 of them in about a day on one
   core, from a single released gradient); on CUDA they seed torch's Philox and set its counter's offset (124 bits).
   Fast; its security rests on the root staying secret;
