@@ -66,8 +66,8 @@ from dpbench.privatizers.per_sample.verify import (
     describe,
     deviation,
     merge,
-    mismatched,
     per_example_deviations,
+    sample_mismatch,
     select,
 )
 from dpbench.profiling.memory import free_mb
@@ -412,9 +412,7 @@ class JL(PrivatizerStrategy):
     @staticmethod
     def _sample_mismatch(model: nn.Module, task: Task, batch: Batch, losses: Tensor, params: dict[str, nn.Parameter],
                          sample: int) -> dict[str, float]:
-        """Parameters whose gradient of loss_sample in the batch is not the sample's own. As in the hook engine's
-        check, a mismatch is judged again against the sample repeated to the batch's size (kernels picked by shape
-        round otherwise for a sample alone; a model that mixes samples still differs there)."""
+        """Parameters whose gradient of loss_sample in the batch is not the sample's own (verify.sample_mismatch)."""
         in_batch = torch.autograd.grad(losses[sample], list(params.values()), retain_graph=True, allow_unused=True)
         got = {name: torch.zeros_like(p) if g is None else g
                for (name, p), g in zip(params.items(), in_batch, strict=True)}
@@ -423,16 +421,13 @@ class JL(PrivatizerStrategy):
             return deviation(got[name].clone(), float(got[name].norm()),
                              torch.zeros_like(param) if grad is None else grad)
 
-        bad: dict[str, float] = {}
         try:
-            for copies in (1, batch_size_of(batch)):
-                bad = mismatched(per_example_deviations(model, task, batch, sample, params, compare, copies))
-                if not bad:
-                    break
+            return sample_mismatch(
+                lambda copies: per_example_deviations(model, task, batch, sample, params, compare, copies),
+                batch_size_of(batch))
         except RuntimeError as error:  # e.g. a model that cannot run a batch of one
             raise UnsupportedModelError(f"per-example backward passes through this model failed ({error}), so JL "
                                         "cannot check that it keeps the samples' gradients apart") from error
-        return bad
 
     def accumulate(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> tuple[float, dict]:
         if batch_size_of(batch) == 0:  # an empty Poisson batch is still a step: noise only

@@ -45,9 +45,9 @@ from dpbench.privatizers.per_sample.verify import (
     describe,
     deviation,
     merge,
-    mismatched,
     parameters_reached,
     per_example_deviations,
+    sample_mismatch,
 )
 from dpbench.tasks import Batch, Task, batch_size_of
 
@@ -380,16 +380,9 @@ class HookEngine:
         self, task: Task, batch: Batch, sites: dict[str, list[Site]], norms: dict[str, Tensor], sample: int,
         one_hot: Tensor,
     ) -> dict[str, float]:
-        """Parameters whose per-sample gradient is not the sample's own. A sample alone runs other kernels than its
-        batch (cuBLAS and attention pick theirs by shape): on an H100, OPT-1.3B's float32 gradients of a sample alone
-        differed from the same sample's in a batch of 4 by 0.4% everywhere and 2% behind one ReLU, above float32's
-        tolerance (dpbench 2026-11-26). So a mismatch is judged again against the sample repeated to the batch's size,
-        which runs the batch's kernels on the sample's own data: a model that mixes samples still differs there."""
-        bad = mismatched(self._deviations(task, batch, sites, norms, sample, one_hot, 1))
-        size = one_hot.shape[0]
-        if bad and size > 1:
-            bad = mismatched(self._deviations(task, batch, sites, norms, sample, one_hot, size))
-        return bad
+        """Parameters whose per-sample gradient is not the sample's own (verify.sample_mismatch)."""
+        return sample_mismatch(
+            lambda copies: self._deviations(task, batch, sites, norms, sample, one_hot, copies), one_hot.shape[0])
 
     def _deviations(
         self, task: Task, batch: Batch, sites: dict[str, list[Site]], norms: dict[str, Tensor], sample: int,
