@@ -104,19 +104,25 @@ def test_well_conditioned_samples_keep_the_ghost_path():
     assert all(getattr(site, "exact", None) is None for group in sites.values() for site in group)
 
 
-def test_cancelling_records_stay_within_the_clip_norm_through_a_real_trainer(monkeypatch):
+def repeated_tokens(size: int, seed: int) -> torch.Tensor:
+    """Records of one token twice (RepeatedToken's cancelling case)."""
+    return torch.randint(0, 10, (size, 1), generator=torch.Generator().manual_seed(seed)).repeat(1, 2)
+
+
+@pytest.mark.parametrize("case", ["tokens", "repeated token"])
+def test_cancelling_records_stay_within_the_clip_norm_through_a_real_trainer(case, monkeypatch):
     """Every record of the data cancels (at 1e4, where float32 per-example passes still pass the engine's checks);
     each step's sites, the ones the step sums, give every sample's contribution, over Poisson batches of several
     epochs."""
     size, batch_size = 256, 16
-    x = cancelling(size, 1e4, seed=3)
+    x = cancelling(size, 1e4, seed=3) if case == "tokens" else repeated_tokens(size, seed=3)
     targets = torch.randint(0, 3, (size,), generator=torch.Generator().manual_seed(4))
     bundle = DataBundle("cancelling", TensorSplit(x, targets), TensorSplit(x[:32], targets[:32]), num_classes=3)
     randomness = PrivacyRandomness(5)
     strategy = make_strategy(OmegaConf.create({"name": "vanilla", "engine": "hooks"}),
                              PrivacySettings(CLIP, batch_size / size, 1.0, randomness))
     torch.manual_seed(0)
-    model = MeanPool()
+    model = MeanPool() if case == "tokens" else RepeatedToken(big=1e4)
     strategy.prepare(model, 40, 1e-5, None, PrivacyAccountant())
     seen = []
     clipped_sites = HookEngine.clipped_sites
