@@ -204,18 +204,18 @@ def mnist_batches(batch_size: int, device: torch.device) -> Callable[[], tuple[t
 
 def private_step(strategy: Any, optimizer: torch.optim.Optimizer, model: torch.nn.Module,
                  next_batch: Callable[[], Any], batch_size: int) -> Callable[[], None]:
-    """One call, one private step of a dpbench strategy on a classification batch, counting steps (the per-sample
-    check's schedule reads them)."""
+    """One call, one private step of a dpbench strategy on a classification batch, as a run takes it
+    (dpbench.training.step: its per-step guards and the ledger included), counting steps (the per-sample check's
+    schedule reads them)."""
+    from dpbench.privacy.ledger import PrivacyLedger
     from dpbench.privatizers.base import StepContext
     from dpbench.tasks import ClassificationTask
+    from dpbench.training.step import private_step as run_step
 
-    task, state = ClassificationTask(), {"step": 0}
+    task, ledger = ClassificationTask(), PrivacyLedger(1e-5)
 
     def step() -> None:
-        optimizer.zero_grad(set_to_none=True)
-        strategy.privatize(model, task, next_batch(), StepContext(state["step"], batch_size))
-        strategy.apply_update(optimizer)
-        state["step"] += 1
+        run_step(strategy, model, task, optimizer, ledger, next_batch(), StepContext(ledger.steps, batch_size))
 
     return step
 

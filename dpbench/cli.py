@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 from pathlib import Path
@@ -86,7 +87,9 @@ register_config_groups(config_dir())
 
 
 def main() -> None:
-    """`python -m dpbench`; Hydra's own configuration errors as one line with exit 2 (see dpbench.cli_errors)."""
+    """`python -m dpbench`; Hydra's own configuration errors as one line with exit 2 (see dpbench.cli_errors). Every
+    file and directory a run creates is at most 0644 / 0755 whatever the umask (secrets are 0600 on their own)."""
+    os.umask(os.umask(0o022) | 0o022)
     with one_line_errors("dpbench", sys.argv[1:]):
         _hydra_main()
 

@@ -77,9 +77,10 @@ class LoggerConfig:
     entity: str | None = None
     group: str | None = None
     tags: list[str] = field(default_factory=list)
-    train_stats: bool = True
+    train_stats: bool | None = None
     """Log train/loss, train/batch_size, gradient norms and clip fractions every step: computed from the private
-    data without noise, so outside the privacy guarantee (the realised batch size alone can reveal membership)."""
+    data without noise, so outside the privacy guarantee (the realised batch size alone can reveal membership).
+    null (default): on for non-private runs, off for private ones; true opts a private run in, and says so."""
 
 
 @dataclass

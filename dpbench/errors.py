@@ -12,6 +12,10 @@ class UnsupportedModelError(ConfigurationError):
     """The model has a layer that the chosen privatizer cannot handle privately."""
 
 
+class NonFiniteStepError(ConfigurationError):
+    """A private step whose gradient or updated model is not finite: the run stops before releasing it."""
+
+
 class MissingDataError(ConfigurationError):
     """Offline data is not installed, or a data set is empty or unknown."""
 

@@ -222,9 +222,12 @@ def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> d
 
     ledger = PrivacyLedger(typed.privacy.delta, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error),
                            declared_composition(strategy, plan))
+    if plan.private and typed.logger.train_stats:
+        log.warning("logger.train_stats=true: the per-step train/* metrics come from the private batches without "
+                    "noise, outside the (epsilon, delta) guarantee")
     module = DPModule(
         model, data.task, strategy, typed.optimizer, ledger, typed.batch_size, typed.physical_batch_size,
-        typed.logger.train_stats, "val" if data.validation is not None else "val_on_test",
+        train_stats(typed, plan.private), "val" if data.validation is not None else "val_on_test",
     )
 
     tags = [strategy.name, cfg.model.name, data.name]
@@ -233,7 +236,7 @@ def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> d
     if paper:
         log.warning("privatizer=%s with optimizer=%s: its paper's method uses optimizer=%s; this run is labelled %s",
                     strategy.name, typed.optimizer.name, paper, method)
-    profiler = ProfilerCallback(typed.profiler.warmup_steps)
+    profiler = ProfilerCallback(typed.profiler.warmup_steps, typed.batch_size if plan.private else None)
     callbacks: list[L.Callback] = [profiler]
     epsilon_logger = EpsilonLogger(ledger) if plan.private else None
     if epsilon_logger is not None:
@@ -417,9 +420,13 @@ def _outside_guarantee(typed: Config, private: bool) -> list[str]:
     """What the run publishes from the private training data without noise: outside the (epsilon, delta) claim."""
     if not private:
         return []
-    released = ["samples_per_s (total realised batch sizes over the measured steps)"]
-    if typed.logger.train_stats:
-        released.insert(0, "train/* metrics in the CSV and W&B logs (per-step loss, realised batch size, gradient "
-                           "norms, clip fractions); turn them off with logger.train_stats=false")
-    return released
+    if train_stats(typed, private):
+        return ["train/* metrics in the CSV and W&B logs (per-step loss, realised batch size, gradient norms, clip "
+                "fractions): logger.train_stats=true; the default (null) keeps them off for private runs"]
+    return []
+
+
+def train_stats(typed: Config, private: bool) -> bool:
+    """logger.train_stats, whose default (null) logs them for non-private runs only."""
+    return typed.logger.train_stats if typed.logger.train_stats is not None else not private
 

@@ -1,5 +1,6 @@
 import os
 
+import pytest
 from hypothesis import Phase, settings
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -18,3 +19,16 @@ if "PYTEST_XDIST_WORKER" in os.environ:
 # HYPOTHESIS_PROFILE=ci) and reports the first failing example unshrunk: shrinking once took five minutes of CI.
 settings.register_profile("ci", derandomize=True, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+
+@pytest.fixture(autouse=True)
+def _models_as_built(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Tests marked `models_as_built` test the per-sample rules and the sampled checks on hand-written models that
+    stand for built-ins with those layers: in this process (not in CLI subprocesses) every model counts as built by
+    dpbench, so the batch-level engines serve it as they would a built-in (per_sample/construction.py)."""
+    if request.node.get_closest_marker("models_as_built") is None:
+        return
+    from dpbench.models import provenance
+    from dpbench.privatizers.per_sample import construction
+
+    monkeypatch.setattr(construction, "built_structure", provenance.structure)

@@ -12,6 +12,8 @@ from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.vanilla import Vanilla
 from dpbench.tasks import ClassificationTask
 
+pytestmark = pytest.mark.models_as_built
+
 SIGMA, CLIP = 2.0, 1.0
 
 

@@ -12,6 +12,8 @@ from dpbench.privacy.sampling import PoissonBatchSampler
 from tests.cli import FAST, dpbench, final_weights
 from tests.trainer_run import fit, index_data
 
+pytestmark = pytest.mark.models_as_built
+
 N, BATCH, EPOCHS = 400, 20, 10  # q = 0.05: 20 steps an epoch
 FALSE_ALARM = 1e-3
 

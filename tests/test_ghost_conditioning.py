@@ -21,6 +21,8 @@ from dpbench.tasks import ClassificationTask
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
 
+pytestmark = pytest.mark.models_as_built
+
 TASK, FEATURES, CLIP = ClassificationTask(), 16, 1.0
 
 

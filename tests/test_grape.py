@@ -16,6 +16,8 @@ from dpbench.tasks import ClassificationTask
 from tests.cli import FAST, dpbench, results
 from tests.transformer_models import TRANSFORMERS
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = ClassificationTask()
 ADAM = OptimizerConfig(name="adam", lr=1e-2)
 

@@ -17,6 +17,8 @@ from tests.cli import FAST, dpbench, results
 from tests.models import CASES, sequence_batch
 from tests.transformer_models import bert, text_batch
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = ClassificationTask()
 
 

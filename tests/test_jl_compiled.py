@@ -15,6 +15,8 @@ from tests.models import CASES, sequence_batch
 from tests.test_jl import DropoutMLP, small_lstm
 from tests.transformer_models import image_batch, vit
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = ClassificationTask()
 
 

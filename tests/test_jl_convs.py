@@ -10,6 +10,8 @@ from torch import nn
 from dpbench.privatizers.per_sample import tangent_rules
 from tests.jl_projections import projections, projections_and_reference
 
+pytestmark = pytest.mark.models_as_built
+
 
 class ConvNet(nn.Module):
     """Two convolutions (the first reads data, so its input has no tangent), tanh between, a linear head."""

@@ -12,6 +12,8 @@ from dpbench.privatizers.per_sample.recurrence import LayerWeights, run_layer
 from tests.per_sample_reference import assert_matches_loop, loop_gradients, loop_norms
 from tests.test_recurrent_rules import CONFIGURATIONS, KINDS, TASK, _name, model_and_batches
 
+pytestmark = pytest.mark.models_as_built
+
 MODES = {"rnn_tanh": "RNN_TANH", "rnn_relu": "RNN_RELU", "gru": "GRU", "lstm": "LSTM"}
 
 

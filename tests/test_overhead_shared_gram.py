@@ -3,6 +3,7 @@ per-sample norms (norms.py), exactly: in float64 against each site's own ghost n
 
 from collections import Counter
 
+import pytest
 import torch
 
 from dpbench.privatizers.per_sample import HookEngine, norms
@@ -10,6 +11,8 @@ from dpbench.privatizers.per_sample.sites import DenseSite, OuterProductSite
 from dpbench.tasks import ClassificationTask
 from tests.per_sample_reference import loop_gradients, loop_norms
 from tests.transformer_models import bert, image_batch, text_batch, vit
+
+pytestmark = pytest.mark.models_as_built
 
 TASK = ClassificationTask()
 

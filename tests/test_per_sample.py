@@ -11,6 +11,8 @@ from dpbench.privatizers.per_sample.sites import DenseSite
 from dpbench.tasks import ClassificationTask
 from tests.models import CASES
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = ClassificationTask()
 
 

@@ -23,6 +23,8 @@ from tests.per_sample_reference import (
 )
 from tests.zoo_models import PATTERNS, SAMPLES, ZOO, Entry
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = ClassificationTask()
 
 

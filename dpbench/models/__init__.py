@@ -14,6 +14,7 @@ from dpbench.data import DataBundle
 from dpbench.errors import ConfigurationError
 from dpbench.models.cnn import CNNConfig, LargeCNN, LargeCNNConfig, TFPrivacyCNN
 from dpbench.models.lstm import LSTMClassifier, LSTMConfig
+from dpbench.models.provenance import built_by_dpbench
 from dpbench.registry import Registry, options
 
 
@@ -46,10 +47,26 @@ MODELS = Registry("model", "dpbench.models", schema_first=True)
 """Model builders by name: dpbench's own and installed plugins' (entry point group `dpbench.models`)."""
 
 
+TESTED_ARCHITECTURES = frozenset({"bert", "distilbert", "gpt2", "opt", "roberta", "vit"})
+"""Hugging Face model types whose per-sample gradients dpbench's tests check against per-example passes; a
+checkpoint of another architecture (`model.pretrained`) runs on the vmap engine (see per_sample.construction)."""
+
+
+def _proven(model: nn.Module) -> bool:
+    """Every Hugging Face model inside is of an architecture dpbench tests."""
+    types = {getattr(module.config, "model_type", None) for module in model.modules() if hasattr(module, "config")
+             and hasattr(module, "base_model_prefix")}
+    return types <= TESTED_ARCHITECTURES
+
+
 def build_model(config: DictConfig | Mapping[str, Any], data: DataBundle) -> nn.Module:
-    """The model a `model` config node names (by `name` or `_target_`), built for `data`."""
+    """The model a `model` config node names (by `name` or `_target_`), built for `data`; one of dpbench's own
+    builders' models is recorded as proven per-sample (per_sample.construction), a plugin's is not."""
+    builder = MODELS.resolve(options(config))[0].factory
     model = MODELS.build(config, data)
     if not isinstance(model, nn.Module):
         raise ConfigurationError(f"the model builder for {options(config).get('name')!r} returned "
                                  f"{type(model).__name__}, not a torch.nn.Module")
+    if getattr(builder, "__module__", "").startswith("dpbench.models") and _proven(model):
+        built_by_dpbench(model)
     return model

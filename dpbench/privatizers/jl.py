@@ -43,7 +43,7 @@ from torch.func import functional_call, jvp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._pytree import tree_map
 
-from dpbench.errors import ConfigurationError, UnsupportedModelError
+from dpbench.errors import ConfigurationError, NonFiniteStepError, UnsupportedModelError
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.mechanisms import Composition, Mechanism
 from dpbench.privacy.mixture import SubsampledGaussianMixture
@@ -52,6 +52,7 @@ from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepCo
 from dpbench.privatizers.clipping import clip_factors, clipping_stats
 from dpbench.privatizers.per_sample import PerSampleMismatch, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.compiled_tangents import CompiledTangents
+from dpbench.privatizers.per_sample.construction import require_fast_path
 from dpbench.privatizers.per_sample.lstm_tangent import (
     Recorded,
     jvp_lstm_forward,
@@ -279,6 +280,7 @@ class JL(PrivatizerStrategy):
     # -- training --------------------------------------------------------------------------------------------
     def attach(self, model: nn.Module) -> None:
         refuse_sample_mixing_layers(model)
+        require_fast_path(model, "privatizer=jl (one shared backward over the batch)")
         self.recurrent = any(isinstance(module, nn.RNNBase) for module in model.modules())
         if self.config.compile and self.recurrent:
             raise ConfigurationError(
@@ -416,6 +418,8 @@ class JL(PrivatizerStrategy):
         in_batch = torch.autograd.grad(losses[sample], list(params.values()), retain_graph=True, allow_unused=True)
         got = {name: torch.zeros_like(p) if g is None else g
                for (name, p), g in zip(params.items(), in_batch, strict=True)}
+        if not all(bool(torch.isfinite(g).all()) for g in got.values()):
+            return {}  # the step drops a sample whose gradient is not finite: nothing of it to compare
 
         def compare(name: str, param: nn.Parameter, grad: Tensor | None) -> Deviation:
             return deviation(got[name].clone(), float(got[name].norm()),
@@ -432,13 +436,21 @@ class JL(PrivatizerStrategy):
     def accumulate(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> tuple[float, dict]:
         if batch_size_of(batch) == 0:  # an empty Poisson batch is still a step: noise only
             return 0.0, {"batch_size": 0.0}
+        require_fast_path(model, "privatizer=jl (one shared backward over the batch)", task)  # changed since?
         if batch_size_of(batch) > 1 and self.checks.due():
             self._check_gradients(model, task, batch)
         losses, projected = self.projections(model, task, batch)
         estimates = projected.pow(2).mean(1).sqrt()
         stats = clipping_stats(estimates, self.privacy.clip_norm)
-        finite = torch.isfinite(estimates)
-        while not bool(finite.all()):
+        while True:
+            finite = torch.isfinite(estimates)
+            if bool(finite.all()):
+                sums = self.reweighted_sum(model, losses, estimates)
+                if all(bool(torch.isfinite(g).all()) for g in sums.values()):
+                    break
+                # finite norms, a non-finite backward (0 * inf in a backward formula): one record would turn the
+                # released step NaN, so its samples are found and dropped as vanilla drops them
+                finite = self._finite_backwards(model, task, batch, estimates)
             # NaN activations would poison the shared backward: drop those samples and redo both passes on the rest,
             # so that the norms and the backward again see the same random ops (dropout masks)
             keep = finite.nonzero().flatten()
@@ -447,10 +459,25 @@ class JL(PrivatizerStrategy):
             batch = (tree_map(lambda t, rows=keep: t[rows], batch[0]), batch[1][keep])
             losses, projected = self.projections(model, task, batch)
             estimates = projected.pow(2).mean(1).sqrt()
-            finite = torch.isfinite(estimates)
-        for name, grad in self.reweighted_sum(model, losses, estimates).items():
+        for name, grad in sums.items():
             self._sums[name] = self._sums[name] + grad if name in self._sums else grad
         return float(losses.detach().sum()), stats
+
+    def _finite_backwards(self, model: nn.Module, task: Task, batch: Batch, estimates: Tensor) -> Tensor:
+        """(B,) True where the sample's own reweighted gradient, from a pass of the sample alone, is finite. A batch
+        whose shared backward is not finite while every sample's own is stops the run before anything is released."""
+        params = list(trainable_parameters(model).values())
+        factors = clip_factors(estimates.detach(), self.privacy.clip_norm)
+        finite = torch.ones_like(estimates, dtype=torch.bool)
+        for i in range(batch_size_of(batch)):
+            loss = task.per_sample_loss(model, select(batch, [i]))[0] * factors[i]
+            grads = torch.autograd.grad(loss, params, allow_unused=True)
+            finite[i] = all(g is None or bool(torch.isfinite(g).all()) for g in grads)
+        if bool(finite.all()):
+            raise NonFiniteStepError(
+                "privatizer=jl: the batch's reweighted backward is not finite although every sample's own is; the "
+                "run stops before releasing the step: find the op whose backward overflows")
+        return finite
 
     def finalize(self, model: nn.Module, ctx: StepContext) -> None:
         self.write_noisy_mean(model, self._sums, ctx)

@@ -1,4 +1,5 @@
-"""Samples/s over the steps after warm-up, counting the samples actually processed, and the phase's peak memory.
+"""Samples/s over the steps after warm-up, and the phase's peak memory. A private run counts each step's expected
+batch size (public), not the realised Poisson one: the sum of realised sizes would publish membership without noise.
 
 The window is the training steps: bookkeeping a run does between them (the epoch end's accounting, whose scratch
 once made sparse's reported memory the accountant's rather than its own) runs inside `unmeasured`, which leaves it
@@ -64,11 +65,13 @@ class WindowPeakMemory(PeakMemory):
 
 
 class ProfilerCallback(L.Callback):
-    def __init__(self, warmup_steps: int = 5):
+    def __init__(self, warmup_steps: int = 5, expected_batch_size: float | None = None):
+        """`expected_batch_size`: counted for every step of a private run instead of the realised batch."""
         self.warmup_steps = warmup_steps
+        self.expected_batch_size = expected_batch_size
         self.memory: WindowPeakMemory | None = None
         self.measured_time = 0.0
-        self.measured_samples = 0
+        self.measured_samples = 0.0
         self.measured_steps = 0
         self.total_train_time = 0.0
         self._steps_seen = 0
@@ -97,7 +100,8 @@ class ProfilerCallback(L.Callback):
         self._steps_seen += 1
         if self._steps_seen > self.warmup_steps:
             self.measured_time += elapsed
-            self.measured_samples += int(batch[1].shape[0])
+            self.measured_samples += (int(batch[1].shape[0]) if self.expected_batch_size is None
+                                      else self.expected_batch_size)
             self.measured_steps += 1
             self.faults_each_step.append(faults)
 

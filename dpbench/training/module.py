@@ -29,10 +29,11 @@ class DPModule(L.LightningModule):
         ledger: PrivacyLedger,
         expected_batch_size: float,
         physical_batch_size: int | None = None,
-        train_stats: bool = True,
+        train_stats: bool = False,
         validation_prefix: str = "val",
     ):
-        """`validation_prefix`: `val_on_test` when the per-epoch evaluation runs on the test split (no validation
+        """`train_stats`: log noise-free per-step statistics of the private batches (outside the guarantee).
+        `validation_prefix`: `val_on_test` when the per-epoch evaluation runs on the test split (no validation
         split), so that nobody tunes on test metrics named as validation ones."""
         super().__init__()
         self.automatic_optimization = False

@@ -1,14 +1,60 @@
 """One logical private step, shared by the Lightning module and the plain-loop wrapper so that both form, apply and
-account the step the same way."""
+account the step the same way.
+
+Two properties hold by construction at every step, whatever the model does, because they are checked on the step's
+own tensors rather than on sampled steps: no forward of the private step changes a parameter or a buffer in place (the
+change would be a release of the batch without noise: `nn.Embedding(max_norm=...)` moves the rows it looked up), and no
+private step applies or leaves a NaN or inf (one record can make a shared backward NaN: a perfect membership test).
+"""
 
 from __future__ import annotations
 
-from torch import nn
+import itertools
+
+import torch
+from torch import Tensor, nn
 from torch.optim import Optimizer
 
+from dpbench.errors import NonFiniteStepError, UnsupportedModelError
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext, StepOutput
 from dpbench.tasks import Batch, Task
+
+
+def _states(model: nn.Module) -> dict[str, tuple[int, int]]:
+    """Each parameter's and buffer's identity and version counter (bumped by every in-place change)."""
+    return {name: (id(t), t._version)
+            for name, t in itertools.chain(model.named_parameters(), model.named_buffers())}
+
+
+def _refuse_changes(model: nn.Module, before: dict[str, tuple[int, int]], step: int) -> None:
+    after = _states(model)
+    changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
+    if changed:
+        raise UnsupportedModelError(
+            f"at step {step} the model's forward changed {', '.join(changed[:5])}{' ...' if len(changed) > 5 else ''} "
+            "in place (or replaced it) while the private gradient was formed, a release of the batch without noise; "
+            "nothing of this step was applied: make that change outside forward (e.g. renormalise after the "
+            "optimizer step) or drop it (nn.Embedding(max_norm=...): drop max_norm)"
+        )
+
+
+def _nonfinite(tensors: list[Tensor]) -> bool:
+    if not tensors:
+        return False
+    norms = torch._foreach_norm(tensors)
+    return not bool(torch.isfinite(torch.stack([n.float() for n in norms])).all())
+
+
+def _refuse_nonfinite(model: nn.Module, what: str, step: int) -> None:
+    params = [p for p in model.parameters() if p.requires_grad]
+    tensors = [p.grad for p in params if p.grad is not None] if what == "gradient" else params
+    if _nonfinite(tensors):
+        raise NonFiniteStepError(
+            f"at step {step} the privatized {what} is not finite (NaN or inf); the run stops "
+            f"{'before applying it' if what == 'gradient' else 'before releasing the model'}: lower the learning "
+            "rate, or find the op that overflows (a privatizer drops samples whose own gradient is not finite)"
+        )
 
 
 def private_step(
@@ -16,10 +62,21 @@ def private_step(
     batch: Batch, ctx: StepContext,
 ) -> StepOutput:
     """The strategy's privatized gradient, its update, and (for a private strategy) the step's mechanisms in the
-    ledger."""
+    ledger; a private step that changed the model in its forward, or that is not finite, is refused before its update
+    (after it, for parameters the update made non-finite)."""
     optimizer.zero_grad(set_to_none=True)
-    output = strategy.privatize(model, task, batch, ctx)
+    states = _states(model) if strategy.is_private else None
+    try:
+        output = strategy.privatize(model, task, batch, ctx)
+    except UnsupportedModelError:
+        if states is not None:  # a check that failed because the forward changed the model: name the cause
+            _refuse_changes(model, states, ctx.step)
+        raise
+    if states is not None:
+        _refuse_changes(model, states, ctx.step)
+        _refuse_nonfinite(model, "gradient", ctx.step)
     strategy.apply_update(optimizer)
     if strategy.is_private:
         ledger.record(strategy.step_mechanisms(ctx.step))
+        _refuse_nonfinite(model, "model", ctx.step)
     return output

@@ -19,10 +19,11 @@ ENGINES = ("auto", "hooks", "functorch", "materialized")
 def make_engine(
     model: nn.Module, engine: str = "auto", chunk_size: int | None = None, checks: CheckSchedule | None = None
 ) -> PerSampleEngine:
-    """auto: hooks (fastest, see BENCHMARKS.md) while they serve the model, else functorch; hooks: refuse what they
-    cannot serve; functorch: vmap; materialized: the hooks with every per-sample gradient built in full (the papers'
-    DP-SGD baseline). Every engine checks its first batch against per-example backward passes, and the hooks check
-    again during training at the steps `checks` (the strategy's, which knows the step) draws."""
+    """auto: hooks (fastest, see BENCHMARKS.md) for a model proven per-sample (construction.py) while they serve it,
+    else functorch; hooks: refuse what they cannot serve; functorch: vmap; materialized: the hooks with every
+    per-sample gradient built in full (the papers' DP-SGD baseline). Every engine checks its first batch against
+    per-example backward passes, and the hooks check again during training at the steps `checks` (the strategy's,
+    which knows the step) draws."""
     if engine not in ENGINES:
         raise ConfigurationError(f"privatizer.engine must be one of {ENGINES}, got {engine!r}")
     refuse_sample_mixing_layers(model)

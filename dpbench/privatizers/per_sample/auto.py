@@ -1,10 +1,12 @@
 """privatizer.engine=auto (and functorch): an engine that proves itself before it is trusted.
 
-auto starts on the hook engine when every trainable layer has a rule. When the hooks cannot serve the model (a check
-fires, or a batch's per-sample gradients differ from per-example backward passes, before the first step or at a
-check during training), it hands back the hooks, says which layer or parameter forced it, and continues on functorch,
-which is exact for any model vmap (or its per-example loop) runs: each sample's gradient is that of its own loss
-alone. Functorch's first batch is checked too; a model neither engine serves is refused with both reasons. A switch
+auto runs a model that is not proven per-sample (construction.py: a model of your own code) on functorch from the
+start, and moves a proven one to functorch before any step at which it no longer is (a module swapped, a hook added).
+Otherwise it starts on the hook engine when every trainable layer has a rule. When the hooks cannot serve the model
+(a check fires, or a batch's per-sample gradients differ from per-example backward passes, before the first step or
+at a check during training), it hands back the hooks, says which layer or parameter forced it, and continues on
+functorch, which is exact for any model vmap (or its per-example loop) runs: each sample's gradient is that of its own
+loss alone. Functorch's first batch is checked too; a model neither engine serves is refused with both reasons. A switch
 during training is recorded (CheckSchedule.switched): the steps before it were clipped with the hooks' gradients.
 """
 
@@ -20,6 +22,7 @@ from torch import Tensor, nn
 from dpbench.errors import UnsupportedModelError
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, trainable_parameters
+from dpbench.privatizers.per_sample.construction import VMAP, fast_path_refusal
 from dpbench.privatizers.per_sample.functorch import FunctorchEngine
 from dpbench.privatizers.per_sample.hooks import HookEngine, PerSampleMismatch, unsupported_modules
 from dpbench.privatizers.per_sample.schedule import CheckSchedule
@@ -77,12 +80,16 @@ class AutoEngine:
         self.chunk_size = chunk_size
         self.checks = checks if checks is not None else CheckSchedule()
         self.engine: HookEngine | FunctorchEngine
-        unsupported = unsupported_modules(model) if hooks else []
-        self._hooks_refusal = f"no per-sample rule for {', '.join(unsupported)}" if unsupported else None
-        if hooks and not unsupported:
+        unproven = fast_path_refusal(model) if hooks else None
+        unsupported = unsupported_modules(model) if hooks and unproven is None else []
+        self._hooks_refusal = unproven or (f"no per-sample rule for {', '.join(unsupported)}" if unsupported else None)
+        if unproven is not None:
+            log.info("privatizer.engine=auto: per-sample gradients by vmap (functorch, exact by construction), as %s",
+                     unproven)
+        if hooks and not unsupported and unproven is None:
             self.engine = HookEngine(model, self.checks)
         else:
-            self.engine = FunctorchEngine(model, chunk_size=chunk_size)
+            self.engine = self._functorch(self._hooks_refusal)
         self._functorch_checked = False
 
     def per_sample_gradients(self, task: Task, batch: Batch) -> dict[str, Tensor]:
@@ -96,7 +103,14 @@ class AutoEngine:
     def _run(self, task: Task, batch: Batch, step: Callable[[HookEngine | FunctorchEngine], Result]) -> Result:
         if isinstance(self.engine, HookEngine) and self.checks.switched is not None:  # resumed after a switch
             self.engine.detach()
-            self.engine = FunctorchEngine(self.model, chunk_size=self.chunk_size)
+            self.engine = self._functorch(self.checks.switched["reason"])
+        if isinstance(self.engine, HookEngine):
+            unproven = fast_path_refusal(self.model, task)
+            if unproven is not None:  # before this step's numbers: the steps before were proven
+                self.engine.detach()
+                self._hooks_refusal = unproven
+                log.warning("privatizer.engine=auto: continuing on functorch (exact by construction), as %s", unproven)
+                self.engine = self._functorch(unproven)
         if isinstance(self.engine, HookEngine):
             try:
                 return step(self.engine)
@@ -118,7 +132,12 @@ class AutoEngine:
         else:
             log.warning("privatizer.engine=auto: the hook engine cannot serve this model, falling back to functorch "
                         "(slower): %s", refusal)
-        self.engine = FunctorchEngine(self.model, chunk_size=self.chunk_size)
+        self.engine = self._functorch(str(refusal))
+
+    def _functorch(self, reason: str | None) -> FunctorchEngine:
+        self.checks.engine = {"name": "functorch", "why": VMAP + (f"; the hooks do not serve it: {reason}" if reason
+                                                                   else "")}
+        return FunctorchEngine(self.model, chunk_size=self.chunk_size)
 
     def _check_functorch(self, task: Task, batch: Batch) -> None:
         try:

@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from torch import Tensor, nn
 
 from dpbench.errors import UnsupportedModelError
+from dpbench.privatizers.per_sample.construction import refuse_in_place_layers
 
 SAMPLE_MIXING_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)
 
@@ -31,7 +32,9 @@ def refuse_sample_mixing_layers(model: nn.Module) -> None:
 
     BatchNorm normalizes with batch statistics while training, and in eval mode too without running statistics;
     the mode at attach time says nothing about the mode at a step (training switches it), so every one is refused.
+    So is a layer whose forward changes a parameter in place (construction.refuse_in_place_layers).
     """
+    refuse_in_place_layers(model)
     for name, module in model.named_modules():
         if isinstance(module, SAMPLE_MIXING_LAYERS):
             raise UnsupportedModelError(

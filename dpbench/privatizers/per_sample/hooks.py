@@ -32,6 +32,7 @@ from dpbench.errors import UnsupportedModelError
 from dpbench.privatizers import distributed
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
+from dpbench.privatizers.per_sample.construction import PROVEN, require_fast_path
 from dpbench.privatizers.per_sample.gate_recurrence import GateRecord, gate_forward
 from dpbench.privatizers.per_sample.layers import SiteMap, handler_for, input_for
 from dpbench.privatizers.per_sample.norms import group_norm_sq, total_norm_sq
@@ -120,6 +121,7 @@ class HookEngine:
 
     def __init__(self, model: nn.Module, checks: CheckSchedule | None = None):
         refuse_sample_mixing_layers(model)
+        require_fast_path(model, "the hook engine")
         unsupported = unsupported_modules(model)
         if unsupported:
             raise UnsupportedModelError(
@@ -131,6 +133,7 @@ class HookEngine:
         self.names = {p: name for name, p in self.params.items()}
         self.module_names = {module: name or "<root>" for name, module in model.named_modules()}
         self.checks = checks if checks is not None else CheckSchedule()
+        self.checks.engine = {"name": "hooks", "why": PROVEN}
         self._calls: list[Call] = []
         self._recording = False
         hooked = [
@@ -189,6 +192,7 @@ class HookEngine:
     def _sites(self, task: Task, batch: Batch, dense: bool) -> tuple[dict[str, list[Site]], Tensor]:
         """Every rank checks when any rank's schedule asks (and stops or switches when any rank's check fails). A
         batch of one sample is its own per-example pass: exact, and not checked (it could not show mixing)."""
+        require_fast_path(self.model, "the hook engine", task)  # every step: the model may have changed since
         checked = None
         device = next(iter(self.params.values())).device  # where the model is now (Lightning moves it after attach)
         if distributed.any_rank(self.checks.due(), device):

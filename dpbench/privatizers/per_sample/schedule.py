@@ -40,6 +40,8 @@ class CheckSchedule:
         """Parameters whose gradient was zero for every sample of the last checked batch."""
         self.switched: dict[str, Any] | None = None
         """engine=auto: where a check sent the run to the exact engine."""
+        self.engine: dict[str, str] | None = None
+        """The per-sample engine serving the run now, and why (construction.py), for results.json."""
         self._next = 0
         self._woken: set[str] = set()
         self._woke_before: set[str] = set()
@@ -121,6 +123,7 @@ class CheckSchedule:
             "last_check_time_s": self._recheck_cost,
             "time_fraction": self.time_fraction,
             "switched_engine": self.switched,
+            "engine": self.engine,
         }
 
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,25 @@
+"""Which model objects dpbench's own code built: the batch-level per-sample engines may serve them (see
+dpbench.privatizers.per_sample.construction) while their modules stay those they were built with. The record is an
+attribute of the model, so that a copy (copy.deepcopy, a DDP replica) keeps it and a rebuilt module loses it."""
+
+from __future__ import annotations
+
+from torch import nn
+
+ATTRIBUTE = "_dpbench_built_structure"
+
+
+def structure(model: nn.Module) -> tuple:
+    """What a builder's proof rests on: every submodule's name and exact type."""
+    return tuple((name, type(module)) for name, module in model.named_modules())
+
+
+def built_by_dpbench(model: nn.Module) -> nn.Module:
+    """Record that dpbench's own code built `model` (its builders, and tests of the engines' rules)."""
+    object.__setattr__(model, ATTRIBUTE, structure(model))
+    return model
+
+
+def built_structure(model: nn.Module) -> tuple | None:
+    """The structure `model` had when dpbench built it; None when dpbench did not build it."""
+    return vars(model).get(ATTRIBUTE)
