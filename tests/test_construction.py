@@ -252,3 +252,25 @@ def test_a_private_run_logs_no_train_stats_by_default_and_its_files_ignore_the_u
             continue
         limit = 0o755 if path.is_dir() else 0o644
         assert mode & ~limit == 0, f"{path} is {oct(mode)}"
+
+
+def test_make_private_module_logs_no_noise_free_statistics_of_private_batches(tmp_path):
+    """A user's own Trainer with a CSV logger: the private module logs no train/* metric unless asked."""
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    from dpbench.data import DataBundle, TensorSplit
+
+    features, targets = _dataset().tensors
+    data = DataBundle("blobs", TensorSplit(features, targets), TensorSplit(features[:32], targets[:32]),
+                      num_classes=2)
+    module, datamodule = dpbench.make_private_module(
+        nn.Sequential(nn.Linear(FEATURES, 2)), data, optimizer=dpbench.OptimizerConfig(name="sgd", lr=0.1),
+        batch_size=BATCH, steps=3, noise_multiplier=1.0)
+    trainer = L.Trainer(max_steps=3, logger=CSVLogger(tmp_path), log_every_n_steps=1, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False,
+                        num_sanity_val_steps=0, limit_val_batches=0)
+    trainer.fit(module, datamodule=datamodule)
+    logged = [path.read_text() for path in tmp_path.rglob("metrics.csv")]
+    assert all("train/" not in text for text in logged)
+    assert module.ledger.steps == 3

@@ -80,6 +80,7 @@ def logged_batch_sizes(run_dir) -> list[float]:
 def three_epoch_runs(tmp_path_factory):
     """Three CLI runs of 3 epochs: two with a secret seed, one with an explicit one (and one more with it)."""
     args = ["epochs=3", "+data.train_size=1000", "batch_size=125", "trainer.log_every_n_steps=1",
+            "logger.train_stats=true",
             "trainer.check_val_every_n_epoch=null", *FAST]
     dirs = {}
     for name, extra in [("secret_a", []), ("secret_b", []), ("explicit_a", ["privacy.seed=12345"]),

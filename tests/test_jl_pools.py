@@ -13,6 +13,8 @@ from dpbench.privatizers.per_sample import pool_tangent
 from dpbench.tasks import ClassificationTask
 from tests.test_jl import jl
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = ClassificationTask()
 
 

@@ -15,6 +15,8 @@ from dpbench.privatizers.per_sample import linear_tangent, pointwise_tangent
 from dpbench.privatizers.per_sample.tangent_rules import tangent_rules
 from tests.jl_projections import projections, projections_and_reference
 
+pytestmark = pytest.mark.models_as_built
+
 TOKENS, FEATURES = 3, 5
 
 

@@ -21,6 +21,8 @@ from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, make_eng
 from dpbench.tasks import ClassificationTask
 from tests.transformer_models import bert, bert_lora, text_batch
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = ClassificationTask()
 MINILM = {"name": "minilm", "pretrained": "minilm", "pooling": "mean"}
 

@@ -15,6 +15,8 @@ from dpbench.models.lstm import LSTMClassifier, LSTMConfig
 from dpbench.privatizers.per_sample import HookEngine, make_engine
 from dpbench.tasks import ClassificationTask
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = ClassificationTask()
 
 

@@ -207,6 +207,7 @@ def test_make_private_draws_fresh_poisson_batches_every_epoch_and_stops_at_its_p
     assert 0 < spent.epsilon <= 3.0 and spent.caveat is None and spent.sampling == "poisson"
 
 
+@pytest.mark.models_as_built
 def test_make_private_with_strategies_that_build_their_optimizer_or_add_no_noise():
     def two_steps(privatizer: str, optimizer) -> dpbench.PrivacySpent:
         loader = dpbench.poisson_loader(_dataset(), batch_size=20)

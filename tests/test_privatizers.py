@@ -12,6 +12,8 @@ from dpbench.privatizers.per_sample import HookEngine
 from dpbench.tasks import ClassificationTask
 from tests.models import CASES, cnn_batch
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = ClassificationTask()
 
 

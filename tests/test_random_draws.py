@@ -12,6 +12,8 @@ from dpbench.privatizers.per_sample.verify import RandomDraws, as_trained_withou
 from dpbench.tasks import ClassificationTask
 from tests.per_sample_reference import loop_gradients
 
+pytestmark = pytest.mark.models_as_built
+
 Q = K = V = torch.randn(2, 2, 5, 8)
 
 

@@ -16,6 +16,8 @@ from tests.per_sample_reference import (
     loop_norms,
 )
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = ClassificationTask()
 FEATURES, HIDDEN, CLASSES = 3, 4, 3
 

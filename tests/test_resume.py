@@ -24,6 +24,7 @@ from tests.cli import FAST, ROOT, dpbench, final_weights, results
 STEPS = 40
 ARGS = [  # explicit privacy seed: reproducible, so the resumed weights can be compared bit for bit
     f"max_steps={STEPS}", "batch_size=400", "privacy.epsilon=4", "privacy.seed=7", "trainer.log_every_n_steps=1",
+    "logger.train_stats=true",
     "trainer.checkpoint_every_n_steps=4", "trainer.check_val_every_n_epoch=2", *FAST,
 ]
 

@@ -16,6 +16,8 @@ from dpbench.privacy.randomness import STREAMS, PrivacyRandomness, PrivateStream
 from tests.cli import FAST, dpbench, final_weights
 from tests.trainer_run import fit, index_data
 
+pytestmark = pytest.mark.models_as_built
+
 SIGMA, LR, BATCH = 1000.0, 1.0, 500  # noise dominates the update: (theta_0 - theta_1) * B / lr ~ N(0, (sigma C)^2)
 
 

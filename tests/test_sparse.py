@@ -19,6 +19,8 @@ from dpbench.privatizers.selection import exponential_top_k, sparse_vector, unif
 from dpbench.tasks import NegativeSamplingTask
 from tests.test_word2vec import w2v_batch
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = NegativeSamplingTask()
 
 

@@ -34,6 +34,8 @@ from tests.checked_models import (
 )
 from tests.cli import FAST, dpbench
 
+pytestmark = pytest.mark.models_as_built
+
 SIZE, FEATURES, BATCH = 1024, 8, 32
 
 

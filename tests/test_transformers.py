@@ -13,6 +13,8 @@ from dpbench.privatizers.per_sample import HookEngine, make_engine
 from dpbench.tasks import ClassificationTask
 from tests.transformer_models import TRANSFORMERS, bert, roberta, single
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = ClassificationTask()
 
 

@@ -14,6 +14,8 @@ from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine
 from dpbench.tasks import NegativeSamplingTask
 
+pytestmark = pytest.mark.models_as_built
+
 TASK = NegativeSamplingTask()
 
 
