@@ -85,11 +85,11 @@ class ParityScaled(nn.Module):
 class SqrtFeatures(nn.Module):
     """sqrt of a projection's magnitude, guarded where it is 0: the forward and the forward-mode estimate are finite
     (where() takes the guarded branch's tangent), but the backward of sqrt at 0 is 0 / 0 and abs passes it on as
-    NaN * 0: one record whose projection is exactly 0 makes its gradient NaN."""
+    NaN * 0: one record whose features are all 0 (blank pixels) makes its gradient NaN."""
 
     def __init__(self, features: int = FEATURES, classes: int = 2):
         super().__init__()
-        self.fc1, self.fc2 = nn.Linear(features, 4), nn.Linear(4, classes)
+        self.fc1, self.fc2 = nn.Linear(features, 4, bias=False), nn.Linear(4, classes)
 
     def forward(self, x):
         s = self.fc1(x).abs()
@@ -116,19 +116,21 @@ KINDS = {"embedding": TokenEmbedding, "self_normalising": SelfNormalisingLinear,
 
 
 class Flattened(nn.Module):
-    """An image data set's (C, H, W) samples flattened and cut to FEATURES, for the CLI's embedded data."""
+    """An image data set's (C, H, W) samples flattened and cut to FEATURES, for the CLI's embedded data (spread,
+    or with `raw` the pixels above the mean, so that a blank patch is exactly 0)."""
 
-    def __init__(self, inner: nn.Module):
+    def __init__(self, inner: nn.Module, raw: bool = False):
         super().__init__()
-        self.inner = inner
+        self.inner, self.raw = inner, raw
 
     def forward(self, x):
-        return self.inner(x.flatten(1)[:, 200:200 + FEATURES] * 4 - 1)
+        x = x.flatten(1)[:, 200:200 + FEATURES]
+        return self.inner(x.clamp(min=0) if self.raw else x * 4 - 1)
 
 
 def build_user_model(config: UserModelConfig, data: DataBundle) -> nn.Module:
     inner = KINDS[config.kind](FEATURES, data.num_classes)
     if isinstance(inner, WarmupMixup):
         inner.mix = True  # no loop to switch it on in the CLI: on from the start
-    model = Flattened(inner)
+    model = Flattened(inner, raw=isinstance(inner, SqrtFeatures))
     return built_by_dpbench(model) if config.proven else model

@@ -20,7 +20,7 @@ from dpbench.errors import UnsupportedModelError
 from dpbench.models.provenance import built_by_dpbench
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers.per_sample.construction import fast_path_refusal
-from tests.cli import FAST, ROOT
+from tests.cli import FAST, ROOT, final_weights
 from tests.cli import dpbench as run_cli
 from tests.construction_models import (
     FEATURES,
@@ -156,8 +156,6 @@ def _poisoned_batch() -> tuple[torch.Tensor, torch.Tensor, SqrtFeatures]:
     """A batch in which one record's projection is exactly 0 on one unit (its backward is NaN there)."""
     torch.manual_seed(0)
     model = SqrtFeatures()
-    with torch.no_grad():
-        model.fc1.bias.zero_()
     x = torch.randn(BATCH, FEATURES).abs() + 0.1
     with torch.no_grad():
         model.fc1.weight.copy_(model.fc1.weight.abs())
@@ -229,10 +227,11 @@ def test_cli_refuses_a_max_norm_embedding_and_a_self_normalising_forward(tmp_pat
 def test_cli_jl_on_a_proven_model_with_a_nan_backward_record_stays_finite(tmp_path):
     """The built-in CNN cannot make a NaN backward; the model=user kind=sqrt plugin marked as built stands for a
     built-in that could."""
-    out = _user_cli(tmp_path, "sqrt", "privatizer=jl", "model.proven=true")
+    out = _user_cli(tmp_path, "sqrt", "privatizer=jl", "model.proven=true", "trainer.checkpoint=true")
     assert out.returncode == 0, out.stderr[-2000:]
+    assert torch.isfinite(final_weights(tmp_path)).all()
     results = json.loads((tmp_path / "results.json").read_text())
-    assert math.isfinite(results["test_accuracy"])
+    assert math.isfinite(results["test_accuracy"]) and results["steps"] == 6
 
 
 def test_a_private_run_logs_no_train_stats_by_default_and_its_files_ignore_the_umask(tmp_path):

@@ -121,15 +121,16 @@ def _argument(func, args: tuple, kwargs: dict, name: str) -> object:
 def as_trained_without_dropout(model: nn.Module) -> Iterator[RandomDraws]:
     """Training mode as the run has it, dropout off; the global RNG and the model's buffers restored afterwards, so
     a check (at whatever step it falls) changes nothing of the run. Yields what tells whether anything still drew."""
-    buffers = [(buffer, buffer.detach().clone()) for buffer in model.buffers()]
+    buffers = [(buffer, buffer._version, buffer.detach().clone()) for buffer in model.buffers()]
     devices = [torch.cuda.current_device()] if torch.cuda.is_available() else []
     try:
         with torch.random.fork_rng(devices=devices), _NoDropout(), RandomDraws() as draws:
             yield draws
     finally:
         with torch.no_grad():
-            for buffer, saved in buffers:
-                buffer.copy_(saved)
+            for buffer, version, saved in buffers:
+                if buffer._version != version:  # only what the check changed: the step's own guard reads versions
+                    buffer.copy_(saved)
 
 
 @contextmanager
