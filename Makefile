@@ -47,8 +47,10 @@ gpu-check: install
 leaderboard: install
 	$(BIN)/python -m dpbench.leaderboard $(ARGS)
 
+# ruff, and the layering contracts in pyproject.toml ([tool.importlinter]: layers import only downward, no cycle).
 lint: install
 	$(BIN)/ruff check dpbench tests benchmarks examples
+	$(BIN)/lint-imports
 
 clean:
 	rm -rf $(VENV) outputs multirun

@@ -32,9 +32,9 @@ from typing import NamedTuple
 
 import torch
 
+from dpbench.app.frontier import FrontierRow
+from dpbench.app.max_batch import Trial
 from dpbench.profile import frontier_table
-from dpbench.profiling.frontier import FrontierRow
-from dpbench.profiling.max_batch import Trial
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = "grape,nonprivate,vanilla,materialized"

@@ -12,20 +12,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from dpbench.app.hydra_setup import config_dir, setup
 from dpbench.cli_errors import from_the_job, one_line_errors
-from dpbench.config import register_schemas
 from dpbench.errors import ConfigurationError, RunInterrupted
-from dpbench.registry import register_config_groups
 from dpbench.stop_relay import RELAY
-
-
-def config_dir() -> str:
-    """conf/ at the top of a checkout, or dpbench/conf inside an installed wheel."""
-    package = Path(__file__).resolve().parent
-    for candidate in (package / "conf", package.parent / "conf"):
-        if (candidate / "config.yaml").exists():
-            return str(candidate)
-    raise FileNotFoundError("dpbench's conf/ directory was not found beside the package")
 
 
 def objective_value(results: dict) -> float | None:
@@ -82,14 +72,11 @@ def _record_refusal(message: str) -> None:
                       {"overrides": redact_overrides(hydra_config.overrides.task), "error": message})
 
 
-register_schemas()
-register_config_groups(config_dir())
-
-
 def main() -> None:
     """`python -m dpbench`; Hydra's own configuration errors as one line with exit 2 (see dpbench.cli_errors). Every
     file and directory a run creates is at most 0644 / 0755 whatever the umask (secrets are 0600 on their own)."""
     os.umask(os.umask(0o022) | 0o022)
+    setup()
     with one_line_errors("dpbench", sys.argv[1:]):
         _hydra_main()
 

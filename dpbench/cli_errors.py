@@ -11,7 +11,6 @@ they keep their traceback (`from_the_job` marks them).
 from __future__ import annotations
 
 import argparse
-import difflib
 import os
 import re
 import sys
@@ -21,6 +20,7 @@ from contextlib import contextmanager
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
+from dpbench.errors import did_you_mean
 from dpbench.methods import METHODS, OPTIMIZERS, method_label
 
 FULL_ERROR = "HYDRA_FULL_ERROR"
@@ -53,11 +53,6 @@ def one_line_errors(prefix: str, argv: list[str]) -> Iterator[None]:
 def _first_line(text: str) -> str:
     return str(text).strip().splitlines()[0] if str(text).strip() else ""
 
-
-def did_you_mean(word: str, candidates: list[str], prefix: str = "") -> str:
-    starting = [c for c in candidates if len(word) >= 3 and c.startswith(word) and c != word]
-    close = list(dict.fromkeys(difflib.get_close_matches(word, candidates, n=3, cutoff=0.6) + starting))[:3]
-    return f" (did you mean {' or '.join(prefix + c for c in close)}?)" if close else ""
 
 
 def describe(error: BaseException, argv: list[str]) -> str:
@@ -118,8 +113,8 @@ def components_taking(group: str, key: str, argv: list[str]) -> list[str]:
     from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
 
-    from dpbench.list import entries
-    from dpbench.plan import _hydra
+    from dpbench.app.catalog import entries
+    from dpbench.app.hydra_setup import main_hydra
 
     try:
         args, _ = get_args_parser().parse_known_args(argv)
@@ -127,7 +122,7 @@ def components_taking(group: str, key: str, argv: list[str]) -> list[str]:
         return []
     GlobalHydra.instance().clear()
     try:
-        hydra = _hydra(argparse.Namespace(config_path=None, config_dir=args.config_dir))
+        hydra = main_hydra(argparse.Namespace(config_path=None, config_dir=args.config_dir))
         return [entry.name for entry in entries(hydra, group)
                 if key in entry.keys and not entry.origin.startswith("preset of")]
     except Exception:  # only a hint: the error itself is already known

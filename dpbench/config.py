@@ -10,8 +10,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from dpbench.cli_errors import did_you_mean
-from dpbench.errors import ConfigurationError
+from dpbench.errors import ConfigurationError, did_you_mean
 from dpbench.optim import OptimizerConfig
 
 

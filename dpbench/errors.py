@@ -1,5 +1,6 @@
 """Errors that stop a run before it can do anything wrong, with a message a user can act on."""
 
+import difflib
 import signal
 from pathlib import Path
 
@@ -39,3 +40,9 @@ class RunInterrupted(Exception):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+def did_you_mean(word: str, candidates: list[str], prefix: str = "") -> str:
+    """The hint an error gives for a mistyped name: up to three close candidates, each with `prefix`."""
+    starting = [c for c in candidates if len(word) >= 3 and c.startswith(word) and c != word]
+    close = list(dict.fromkeys(difflib.get_close_matches(word, candidates, n=3, cutoff=0.6) + starting))[:3]
+    return f" (did you mean {' or '.join(prefix + c for c in close)}?)" if close else ""

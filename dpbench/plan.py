@@ -12,43 +12,25 @@ from __future__ import annotations
 import argparse
 import copy
 import math
-import os
 import sys
 from collections.abc import Iterator
 
 from hydra._internal.core_plugins.basic_sweeper import BasicSweeper
 from hydra._internal.hydra import Hydra
 from hydra._internal.utils import (
-    create_automatic_config_search_path,
-    detect_calling_file_or_module_from_task_function,
     get_args_parser,
     run_and_report,
 )
-from hydra.core.config_search_path import SearchPathQuery
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from dpbench.app.hydra_setup import main_hydra
 from dpbench.cli_errors import one_line_errors
 from dpbench.errors import ConfigurationError
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
-
-
-def _hydra(args: argparse.Namespace) -> Hydra:
-    """Hydra set up as `@hydra.main` sets it up for dpbench.cli.main (importing it registers the same schemas)."""
-    from dpbench import cli
-
-    calling_file, calling_module = detect_calling_file_or_module_from_task_function(cli.main)
-    config_path = args.config_path if args.config_path is not None else cli.config_dir()
-    search_path = create_automatic_config_search_path(calling_file, calling_module, config_path)
-    if args.config_dir is not None:
-        directory = os.path.abspath(args.config_dir)
-        if not os.path.isdir(directory):
-            raise ConfigurationError(f"--config-dir {directory} does not exist")
-        search_path.prepend("command-line", f"file://{directory}", anchor=SearchPathQuery(provider="schema"))
-    return Hydra.create_main_hydra2(task_name="dpbench", config_search_path=search_path)
 
 
 def job_configs(args: argparse.Namespace, hydra: Hydra) -> Iterator[tuple[str, DictConfig]]:
@@ -134,7 +116,7 @@ def _plan(argv: list[str]) -> int:
         return 0
     refused = failed = 0
     try:
-        hydra = run_and_report(lambda: _hydra(args))
+        hydra = run_and_report(lambda: main_hydra(args))
         jobs = run_and_report(lambda: list(job_configs(args, hydra)))
         for number, (overrides, cfg) in enumerate(jobs):
             label = f"[{number}] {overrides}".rstrip() if len(jobs) > 1 else (overrides or "(defaults)")

@@ -25,11 +25,11 @@ from dpbench.errors import ConfigurationError
 from dpbench.optim import OptimizerConfig
 from dpbench.privacy.accountant import EpsilonReport, PrivacyAccountant
 from dpbench.privacy.ledger import PrivacyLedger, Underreport
-from dpbench.privacy.plan import PrivacyPlan, declared_composition, make_plan
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privacy.sampling import PoissonBatchSampler
 from dpbench.privatizers import PrivacySettings, PrivatizerStrategy, StepContext, StepOutput, make_strategy
 from dpbench.privatizers.base import PrivatizerStrategy as _Base
+from dpbench.privatizers.privacy_plan import PrivacyPlan, declared_composition, make_plan
 from dpbench.tasks import Batch, ClassificationTask, Task
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule

@@ -20,10 +20,10 @@ from pathlib import Path
 import torch
 from hydra.errors import HydraException
 
+from dpbench.app.frontier import FRONTIER_FIELDS, FrontierRow, frontier_row, refused_row
+from dpbench.app.frontier_plot import plot_frontier
+from dpbench.app.max_batch import MEMORY_FIELDS, find_max_batch, trial_device
 from dpbench.errors import ConfigurationError
-from dpbench.profiling.frontier import FRONTIER_FIELDS, FrontierRow, frontier_row, refused_row
-from dpbench.profiling.frontier_plot import plot_frontier
-from dpbench.profiling.max_batch import MEMORY_FIELDS, find_max_batch, trial_device
 
 MAX_BATCH_FILE = "max_batch.json"
 FRONTIER_FILE = "frontier.json"

@@ -22,7 +22,6 @@ from collections.abc import Callable, Iterator, Mapping, MutableMapping
 from dataclasses import dataclass, is_dataclass
 from functools import cached_property
 from importlib.metadata import EntryPoint, entry_points
-from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
@@ -196,32 +195,3 @@ class Registry(MutableMapping[str, tuple]):
 
     def __contains__(self, name: object) -> bool:
         return name in self._set or name in self._entry_points
-
-
-def registries() -> tuple[Registry, Registry, Registry]:
-    from dpbench.data import DATASETS
-    from dpbench.models import MODELS
-    from dpbench.privatizers import STRATEGIES
-
-    return STRATEGIES, MODELS, DATASETS
-
-
-def register_config_groups(config_dir: str) -> None:
-    """Make every entry point a Hydra config group option (`privatizer=my_method`) holding its schema's defaults.
-
-    Names with a yaml file in `config_dir` (dpbench's presets, e.g. conf/privatizer/vanilla.yaml) are left to the
-    file: Hydra would otherwise validate the file against the stored node. An entry point that fails to import is
-    skipped here and reported when a config asks for it.
-    """
-    from hydra.core.config_store import ConfigStore
-
-    store = ConfigStore.instance()
-    for registry in registries():
-        for name in registry._entry_points:
-            if (Path(config_dir) / registry.group / f"{name}.yaml").exists():
-                continue
-            try:
-                node = registry.defaults(name)
-            except ConfigurationError:
-                continue
-            store.store(group=registry.group, name=name, node=node)

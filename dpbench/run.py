@@ -30,10 +30,10 @@ from dpbench.models import MODELS, build_model
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.budget import steps_within_budget
 from dpbench.privacy.ledger import PrivacyLedger
-from dpbench.privacy.plan import PrivacyPlan, declared_composition, make_plan, noise_multiplier_source
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import STRATEGIES, PrivacySettings, PrivatizerStrategy, make_strategy
 from dpbench.privatizers.per_sample import PerSampleMismatch
+from dpbench.privatizers.privacy_plan import PrivacyPlan, declared_composition, make_plan, noise_multiplier_source
 from dpbench.profiling import ProfilerCallback
 from dpbench.redaction import SECRET, public_config
 from dpbench.results import RESULTS_FILE, summary_text, write_json_atomic

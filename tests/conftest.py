@@ -3,6 +3,8 @@ import os
 import pytest
 from hypothesis import Phase, settings
 
+from dpbench.app.hydra_setup import setup as setup_hydra
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -14,6 +16,10 @@ os.environ.setdefault("SUBMITIT_LOG_LEVEL", "NOCONFIG")
 # the others for cores (13% faster on 2 cores, test_resume and test_cli, 2026-11-27).
 if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+# Hydra's config store holds the schemas and every plugin's config group, as a run's does (tests compose configs
+# with hydra.compose directly).
+setup_hydra()
 
 # CI replays the same property-test examples every run (a failure reproduces locally with
 # HYPOTHESIS_PROFILE=ci) and reports the first failing example unshrunk: shrinking once took five minutes of CI.

@@ -10,10 +10,10 @@ from omegaconf import OmegaConf
 from dpbench.config import PrivacyConfig
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger, SubsampledGaussian
 from dpbench.privacy.mixture import SubsampledGaussianMixture
-from dpbench.privacy.plan import make_plan
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privacy.schedule import NoiseSchedule
 from dpbench.privatizers import PrivacySettings, make_strategy
+from dpbench.privatizers.privacy_plan import make_plan
 
 Q, DELTA = 0.05, 1e-5
 

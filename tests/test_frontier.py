@@ -10,10 +10,10 @@ import time
 
 import pytest
 
+from dpbench.app import max_batch
+from dpbench.app.frontier import frontier_row
+from dpbench.app.max_batch import Trial, find_max_batch
 from dpbench.errors import ConfigurationError
-from dpbench.profiling import max_batch
-from dpbench.profiling.frontier import frontier_row
-from dpbench.profiling.max_batch import Trial, find_max_batch
 from tests.cli import ROOT
 
 TINY = ["data=digits", "model=cnn_large", "model.width=8", "model.hidden=8", "optimizer=adam"]
@@ -53,7 +53,7 @@ def test_a_cpu_trial_cannot_allocate_far_past_its_cap():
     limit fails that allocation inside the trial, as an out-of-memory the search records."""
     probe = (
         "import torch\n"
-        "from dpbench.profiling.max_batch import _limit_data_segment, _out_of_memory\n"
+        "from dpbench.app.max_batch import _limit_data_segment, _out_of_memory\n"
         "torch.ones(2**24)\n"  # 64 MB: under the limit
         "_limit_data_segment(500.0)\n"
         "try:\n"

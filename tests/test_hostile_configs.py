@@ -16,9 +16,9 @@ from dpbench.config import PrivacyConfig
 from dpbench.errors import ConfigurationError
 from dpbench.optim import OptimizerConfig
 from dpbench.privacy import PrivacyAccountant
-from dpbench.privacy.plan import make_plan
 from dpbench.privatizers import STRATEGIES, PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
+from dpbench.privatizers.privacy_plan import make_plan
 from dpbench.tasks import ClassificationTask
 
 N = 400

@@ -6,11 +6,11 @@ from dataclasses import asdict
 
 import pytest
 
+from dpbench.app.frontier import FrontierRow, refused_row
+from dpbench.app.max_batch import Trial
 from dpbench.leaderboard.__main__ import main
 from dpbench.leaderboard.claims import LESS_MEMORY
 from dpbench.leaderboard.scale import REGIME_PARAMETERS, rewrite, scale_section
-from dpbench.profiling.frontier import FrontierRow, refused_row
-from dpbench.profiling.max_batch import Trial
 
 INTERPRETER = 400.0
 

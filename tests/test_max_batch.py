@@ -9,9 +9,9 @@ import sys
 
 import pytest
 
+from dpbench.app import max_batch
+from dpbench.app.max_batch import Trial, find_max_batch, run_trial
 from dpbench.errors import ConfigurationError
-from dpbench.profiling import max_batch
-from dpbench.profiling.max_batch import Trial, find_max_batch, run_trial
 from dpbench.report.build import build_report
 from tests.cli import ROOT
 

@@ -19,8 +19,8 @@ from dpbench.config import PrivacyConfig
 from dpbench.data import DATASETS, load_data
 from dpbench.errors import ConfigurationError
 from dpbench.models import MODELS, build_model
-from dpbench.privacy.plan import make_plan
 from dpbench.privatizers import STRATEGIES, PrivacySettings, make_strategy
+from dpbench.privatizers.privacy_plan import make_plan
 from dpbench.privatizers.vanilla import Vanilla
 from dpbench.registry import Registry
 from tests.cli import ROOT

@@ -107,7 +107,7 @@ def test_theorem3_bound_by_hand():
 
 def test_calibration_gives_the_selection_its_budget_and_the_noise_the_rest():
     from dpbench.config import PrivacyConfig
-    from dpbench.privacy.plan import make_plan
+    from dpbench.privatizers.privacy_plan import make_plan
 
     q, steps = 0.01, 200
     strategy = make_strategy(

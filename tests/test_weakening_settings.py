@@ -93,7 +93,7 @@ def test_a_fixed_noise_multiplier_says_it_wins_over_epsilon_in_the_log_and_resul
     (["privacy.noise_multiplier=1", "privacy.stop_on_budget=true"], "privacy.stop_on_budget"),
 ])
 def test_noise_multiplier_source_names_the_setting_that_decided_the_noise(overrides, source):
-    from dpbench.privacy.plan import noise_multiplier_source
+    from dpbench.privatizers.privacy_plan import noise_multiplier_source
 
     typed = validated(Config, _config(*overrides), "top-level")
     assert source in noise_multiplier_source(typed.privacy)

@@ -22,13 +22,11 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig, OmegaConf
 from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
-from dpbench.cli import config_dir
-from dpbench.config import register_schemas
+from dpbench.app.hydra_setup import compose
 from dpbench.data import DATASETS, DataBundle, TensorSplit
 from dpbench.models import MODELS
 from dpbench.results import RESULTS_FILE
@@ -66,9 +64,7 @@ class LinearModelConfig:
 
 def audit_config(overrides: Sequence[str] = ()) -> DictConfig:
     """The project's default config with the canary data and model, quiet settings, then `overrides`."""
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=SETTINGS)
+    cfg = compose(SETTINGS)
     OmegaConf.set_struct(cfg, False)
     cfg.data = OmegaConf.structured(CanaryDataConfig)
     cfg.model = OmegaConf.structured(LinearModelConfig)

@@ -21,7 +21,7 @@ PREFIX = "hf:"
 
 def hf_tokenized(config: TextDataConfig, raw: RawText) -> DataBundle:
     """input_ids and attention_mask, right-padded to the longest sequence of the data (at most data.max_length)."""
-    from dpbench.models.hf import load_tokenizer
+    from dpbench.data.hf_checkpoints import load_tokenizer
 
     if not config.tokenizer.startswith(PREFIX) or len(config.tokenizer) == len(PREFIX):
         raise ConfigurationError(f"a Hugging Face tokenizer is named hf:NAME, got {config.tokenizer!r}")

@@ -73,14 +73,9 @@ class PlanRow:
 
 def compose_overrides(overrides: list[str]) -> DictConfig:
     """The config a cell's `python -m dpbench` composes from its overrides."""
-    from hydra import compose, initialize_config_dir
+    from dpbench.app.hydra_setup import compose
 
-    from dpbench.cli import config_dir
-    from dpbench.config import register_schemas
-
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+    return compose(overrides)
 
 
 def run_privacy(overrides: list[str]) -> RunPrivacy:

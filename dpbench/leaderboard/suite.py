@@ -117,7 +117,7 @@ class Suite:
 
 
 def default_suite_path() -> Path:
-    from dpbench.cli import config_dir
+    from dpbench.app.hydra_setup import config_dir
 
     return Path(config_dir()) / "leaderboard" / "suite.yaml"
 

@@ -96,14 +96,9 @@ def cap_applies_to(device: str) -> str:
 
 
 def _compose(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
+    from dpbench.app.hydra_setup import compose
 
-    from dpbench.cli import config_dir
-    from dpbench.config import register_schemas
-
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return compose(config_name="config", overrides=overrides)
+    return compose(overrides)
 
 
 def trial_device(overrides: list[str]) -> str:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
 
-from dpbench.profiling.max_batch import MEMORY_FIELDS, Trial, find_max_batch
+from dpbench.app.max_batch import MEMORY_FIELDS, Trial, find_max_batch
 
 FRONTIER_FIELDS = {
     **MEMORY_FIELDS,
