@@ -27,6 +27,7 @@ from tests.construction_models import (
     FlipMix,
     OutlierCentring,
     ParityScaled,
+    RunningScale,
     SelfNormalisingLinear,
     SqrtFeatures,
     TokenEmbedding,
@@ -273,3 +274,53 @@ def test_make_private_module_logs_no_noise_free_statistics_of_private_batches(tm
     logged = [path.read_text() for path in tmp_path.rglob("metrics.csv")]
     assert all("train/" not in text for text in logged)
     assert module.ledger.steps == 3
+
+
+def _tiny_batch() -> tuple[torch.Tensor, torch.Tensor]:
+    return torch.randn(4, FEATURES), torch.tensor([0, 1, 0, 1])
+
+
+@pytest.mark.parametrize("privatizer", ["vanilla", "jl", "grape"])
+def test_a_gradient_hook_on_a_parameter_is_refused_before_it_scales_a_privatized_gradient(privatizer):
+    """JL's reweighted backward ran the user's hook on the clipped sum (x10 the sensitivity); the others skipped it."""
+    model = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 2))
+    model[0].weight.register_hook(lambda g: g * 10)
+    private = _private(model, privatizer)
+    with pytest.raises(UnsupportedModelError, match="0.weight has a gradient hook"):
+        private.step(_tiny_batch())
+    assert private.ledger.steps == 0
+
+
+def test_python_state_a_forward_keeps_is_refused_at_the_step_that_changes_it():
+    model = RunningScale()
+    private = _private(model, "vanilla")
+    private.step(_tiny_batch())  # |x| < 5: nothing changes
+    with pytest.raises(UnsupportedModelError, match="largest in place"):
+        private.step((torch.full((2, FEATURES), 50.0), torch.tensor([0, 1])))
+    assert private.ledger.steps == 1
+
+
+def test_a_patched_layer_class_or_a_compiled_call_is_not_proven(monkeypatch):
+    model = built_by_dpbench(nn.Sequential(nn.Linear(FEATURES, 4), nn.Tanh()))
+    sequential = nn.Sequential(nn.Linear(FEATURES, 4), nn.Tanh())
+    assert fast_path_refusal(model) is None and fast_path_refusal(sequential) is None
+    monkeypatch.setattr(nn.Tanh, "forward", lambda self, h: torch.tanh(h).flip(0))
+    assert "other modules than dpbench built it with" in fast_path_refusal(model)
+    assert "class's forward patched" in fast_path_refusal(sequential)
+    monkeypatch.undo()
+    sequential[1]._compiled_call_impl = lambda h: torch.tanh(h).flip(0)
+    assert "compiled or replaced call" in fast_path_refusal(sequential)
+
+
+def test_a_parameter_replaced_after_attach_is_refused_by_the_hooks_and_moves_auto_to_vmap():
+    model = nn.Sequential(nn.Linear(FEATURES, 16), nn.Tanh(), nn.Linear(16, 2))
+    hooks = _private(copy.deepcopy(model), {"name": "vanilla", "engine": "hooks"})
+    hooks.model[2].weight = nn.Parameter(hooks.model[2].weight.detach().clone())
+    with pytest.raises(UnsupportedModelError, match="trainable parameters changed"):
+        hooks.step(_tiny_batch())
+    auto = _private(model, "vanilla")
+    auto.step(_tiny_batch())
+    model[2].weight = nn.Parameter(model[2].weight.detach().clone())
+    auto.optimizer.param_groups[0]["params"][-2] = model[2].weight
+    auto.step(_tiny_batch())
+    assert auto.strategy.checks.engine["name"] == "functorch" and auto.ledger.steps == 2

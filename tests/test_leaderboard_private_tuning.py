@@ -141,7 +141,7 @@ def test_private_tuning_runs_a_secret_number_of_trials_and_reports_its_epsilon_b
     assert main(argv) == 0
     secret = root / ".tuning_secret"
     assert secret.stat().st_mode & 0o077 == 0  # the owner's only
-    tunes = sorted((root / "cnn" / "dpsgd").glob("tune_eps1_t*"))
+    tunes = sorted((root / "cnn" / "dpsgd").glob("tune_eps1_t*"), key=lambda path: int(path.name.rsplit("t", 1)[1]))
     assert tunes and [t.name for t in tunes] == [f"tune_eps1_t{k}" for k in range(len(tunes))]
     selection = json.loads((root / "cnn" / "dpsgd" / "selection_eps1.json").read_text())
     final = json.loads((root / "cnn" / "dpsgd" / "eps1_s0" / "cell.json").read_text())
@@ -159,4 +159,5 @@ def test_private_tuning_runs_a_secret_number_of_trials_and_reports_its_epsilon_b
     assert secret.read_text() not in markdown and "trials (" not in markdown  # neither the secret nor K is shown
 
     assert main(argv) == 0  # resumed: the same secret, so the same K, and no cell runs again
-    assert sorted((root / "cnn" / "dpsgd").glob("tune_eps1_t*")) == tunes
+    assert sorted((root / "cnn" / "dpsgd").glob("tune_eps1_t*"), key=lambda path: int(path.name.rsplit("t", 1)[1])) \
+        == tunes

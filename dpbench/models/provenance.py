@@ -10,8 +10,9 @@ ATTRIBUTE = "_dpbench_built_structure"
 
 
 def structure(model: nn.Module) -> tuple:
-    """What a builder's proof rests on: every submodule's name and exact type."""
-    return tuple((name, type(module)) for name, module in model.named_modules())
+    """What a builder's proof rests on: every submodule's name, exact type and that type's forward (a class patched
+    after building is another model)."""
+    return tuple((name, type(module), type(module).forward) for name, module in model.named_modules())
 
 
 def built_by_dpbench(model: nn.Module) -> nn.Module:

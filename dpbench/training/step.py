@@ -1,9 +1,11 @@
 """One logical private step, shared by the Lightning module and the plain-loop wrapper so that both form, apply and
 account the step the same way.
 
-Two properties hold by construction at every step, whatever the model does, because they are checked on the step's
-own tensors rather than on sampled steps: no forward of the private step changes a parameter or a buffer in place (the
-change would be a release of the batch without noise: `nn.Embedding(max_norm=...)` moves the rows it looked up), and no
+Three properties hold by construction at every step, whatever the model does, because they are checked on the step's
+own tensors and state rather than on sampled steps: no forward of the private step changes a parameter, a buffer or a
+module's own attribute (the change would be a release of the batch without noise: `nn.Embedding(max_norm=...)` moves
+the rows it looked up; a running maximum read with `.item()` carries one sample into the others' forwards and into
+later steps); no gradient hook of the user's runs on a privatized gradient (it would scale what was clipped); and no
 private step applies or leaves a NaN or inf (one record can make a shared backward NaN: a perfect membership test).
 """
 
@@ -20,14 +22,49 @@ from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext, StepOutput
 from dpbench.tasks import Batch, Task
 
-
-def _states(model: nn.Module) -> dict[str, tuple[int, int]]:
-    """Each parameter's and buffer's identity and version counter (bumped by every in-place change)."""
-    return {name: (id(t), t._version)
-            for name, t in itertools.chain(model.named_parameters(), model.named_buffers())}
+MODULE_MACHINERY = frozenset(vars(nn.Module())) | {"forward"}
+"""What every nn.Module keeps in its __dict__ (and dpbench's temporary forward of a recurrent layer): not the model's
+own state."""
 
 
-def _refuse_changes(model: nn.Module, before: dict[str, tuple[int, int]], step: int) -> None:
+def _value(value: object, depth: int = 0) -> object:
+    """What tells whether an attribute changed: a tensor's identity and version, a scalar's value, a container's
+    identity and length."""
+    if isinstance(value, Tensor):
+        return ("tensor", id(value), value._version)
+    if value is None or isinstance(value, (bool, int, float, complex, str, bytes)):
+        return value
+    if isinstance(value, tuple) and depth < 2:
+        return tuple(_value(item, depth + 1) for item in value)
+    if isinstance(value, (list, dict, set)):
+        return ("container", id(value), len(value))
+    return ("object", id(value))
+
+
+def _states(model: nn.Module) -> dict[str, object]:
+    """Each parameter's and buffer's identity and version counter (bumped by every in-place change), and each
+    module's own attributes."""
+    states: dict[str, object] = {name: (id(t), t._version)
+                                 for name, t in itertools.chain(model.named_parameters(), model.named_buffers())}
+    for name, module in model.named_modules():
+        for key, value in vars(module).items():
+            if key not in MODULE_MACHINERY:
+                states[f"{name}.{key}" if name else key] = _value(value)
+    return states
+
+
+def _refuse_parameter_hooks(model: nn.Module) -> None:
+    for name, param in model.named_parameters():
+        if param.requires_grad and (param._backward_hooks or getattr(param, "_post_accumulate_grad_hooks", None)):
+            raise UnsupportedModelError(
+                f"parameter {name} has a gradient hook of its own (Tensor.register_hook or "
+                "register_post_accumulate_grad_hook), which would change a privatized gradient after its clipping (or "
+                "be skipped silently): remove it, and scale a layer's updates through its own optimizer parameter "
+                "group's learning rate instead"
+            )
+
+
+def _refuse_changes(model: nn.Module, before: dict[str, object], step: int) -> None:
     after = _states(model)
     changed = sorted(name for name in before.keys() | after.keys() if before.get(name) != after.get(name))
     if changed:
@@ -65,6 +102,8 @@ def private_step(
     ledger; a private step that changed the model in its forward, or that is not finite, is refused before its update
     (after it, for parameters the update made non-finite)."""
     optimizer.zero_grad(set_to_none=True)
+    if strategy.is_private:
+        _refuse_parameter_hooks(model)
     states = _states(model) if strategy.is_private else None
     try:
         output = strategy.privatize(model, task, batch, ctx)

@@ -37,6 +37,8 @@ PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (
 )
 """torch.nn types whose forward treats the first dimension as samples and never mixes them (given a batched input;
 the conditions in `_layer_refusal` rule out the arguments that would make one mix the batch dimension)."""
+_FORWARDS = {layer: layer.forward for layer in PER_SAMPLE_LAYERS}
+"""Their forwards as torch defines them: a class patched later is not the layer proven here."""
 
 PROVEN = "a model proven per-sample before training, re-proven before every step"
 VMAP = "torch.func.vmap: each sample's forward sees no batch dimension (per-sample by construction)"
@@ -56,8 +58,11 @@ def _hook_refusal(name: str, module: nn.Module) -> str | None:
     for kind in ("_forward_pre_hooks", "_forward_hooks", "_backward_pre_hooks", "_backward_hooks"):
         if _foreign_hooks(getattr(module, kind, {})):
             return f"{name} ({type(module).__name__}) has a {kind.strip('_').replace('_', ' ')[:-1]} of its own"
-    if "forward" in vars(module) and not getattr(vars(module)["forward"], "__module__", "").startswith("dpbench."):
+    own = vars(module)
+    if "forward" in own and not getattr(own["forward"], "__module__", "").startswith("dpbench."):
         return f"{name} ({type(module).__name__}) has its forward replaced on the instance"
+    if own.get("_compiled_call_impl") is not None or "_call_impl" in own:
+        return f"{name} ({type(module).__name__}) is called through a compiled or replaced call (module.compile())"
     return None
 
 
@@ -86,6 +91,8 @@ def _module_refusal(name: str, module: nn.Module, task: object) -> str | None:
     if type(module) not in PER_SAMPLE_LAYERS:
         return (f"{name} ({type(module).__name__}) has a forward dpbench has not proven per-sample (code of your "
                 "own, or a layer outside the per-sample torch.nn layers)")
+    if type(module).forward is not _FORWARDS[type(module)]:
+        return f"{name} ({type(module).__name__}) has its class's forward patched"
     layer = _layer_refusal(name, module)
     if layer is not None:
         return layer

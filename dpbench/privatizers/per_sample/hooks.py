@@ -193,6 +193,13 @@ class HookEngine:
         """Every rank checks when any rank's schedule asks (and stops or switches when any rank's check fails). A
         batch of one sample is its own per-example pass: exact, and not checked (it could not show mixing)."""
         require_fast_path(self.model, "the hook engine", task)  # every step: the model may have changed since
+        now = {name: id(p) for name, p in trainable_parameters(self.model).items()}
+        if now != {name: id(p) for name, p in self.params.items()}:  # a parameter replaced, frozen or unfrozen
+            changed = sorted(set(now.items()) ^ {(name, id(p)) for name, p in self.params.items()})
+            raise UnsupportedModelError(
+                f"the trainable parameters changed after the hook engine was built "
+                f"({', '.join(sorted({name for name, _ in changed}))}): set requires_grad and replace parameters "
+                "before make_private or the run starts, or use privatizer.engine=functorch (or auto)")
         checked = None
         device = next(iter(self.params.values())).device  # where the model is now (Lightning moves it after attach)
         if distributed.any_rank(self.checks.due(), device):
