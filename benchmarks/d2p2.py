@@ -17,10 +17,10 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.harness import arguments, compare, mnist_batches, print_checks, print_table, ratio, save
+from dpbench.core.tasks import ClassificationTask
 from dpbench.models.cnn import LargeCNN, TFPrivacyCNN
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
-from dpbench.tasks import ClassificationTask
 
 MODELS = {  # model -> (builder, batch size, dimensions p of the implicit cases, of the explicit cases)
     "cnn": (TFPrivacyCNN, 256, (64, 1024), (64, 1024)),

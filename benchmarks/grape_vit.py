@@ -27,9 +27,9 @@ from benchmarks.harness import (
     ratio,
     save,
 )
+from dpbench.core.optim import OptimizerConfig, build_optimizer
 from dpbench.data import DataBundle, TensorSplit
 from dpbench.models.hf import ViTModelConfig, build_vit
-from dpbench.optim import OptimizerConfig, build_optimizer
 from dpbench.privatizers import PrivacySettings, make_strategy
 
 CASES = ["nonprivate", "vanilla", "vanilla_functorch", "grape"]

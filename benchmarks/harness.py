@@ -207,9 +207,9 @@ def private_step(strategy: Any, optimizer: torch.optim.Optimizer, model: torch.n
     """One call, one private step of a dpbench strategy on a classification batch, as a run takes it
     (dpbench.training.step: its per-step guards and the ledger included), counting steps (the per-sample check's
     schedule reads them)."""
+    from dpbench.core.tasks import ClassificationTask
     from dpbench.privacy.ledger import PrivacyLedger
     from dpbench.privatizers.base import StepContext
-    from dpbench.tasks import ClassificationTask
     from dpbench.training.step import private_step as run_step
 
     task, ledger = ClassificationTask(), PrivacyLedger(1e-5)

@@ -26,12 +26,12 @@ from benchmarks.harness import (
     ratio,
     save,
 )
+from dpbench.core.tasks import ClassificationTask
 from dpbench.data import load_data
 from dpbench.models.cnn import LargeCNN
 from dpbench.models.lstm import LSTMClassifier, LSTMConfig
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
-from dpbench.tasks import ClassificationTask
 
 CASES = ["nonprivate", "jl_r1", "jl_r5", "vanilla", "materialized", "opacus_dplstm"]
 MAX_BATCH_CASES = ["nonprivate", "vanilla", "jl_r10"]

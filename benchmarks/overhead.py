@@ -31,9 +31,9 @@ from benchmarks.harness import (
     ratio,
     save,
 )
+from dpbench.core.optim import OptimizerConfig, build_optimizer
 from dpbench.data import load_data
 from dpbench.models import build_model
-from dpbench.optim import OptimizerConfig, build_optimizer
 from dpbench.privatizers import PrivacySettings, make_strategy
 
 SIGMA, CLIP = 1.0, 1.0

@@ -22,13 +22,13 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.harness import machine, save
+from dpbench.core.optim import OptimizerConfig, build_optimizer
+from dpbench.core.tasks import ClassificationTask
 from dpbench.data import DataBundle, TensorSplit
 from dpbench.models import build_model
-from dpbench.optim import OptimizerConfig, build_optimizer
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.profiling.memory import PeakMemory
-from dpbench.tasks import ClassificationTask
 
 MODELS: dict[str, dict[str, Any]] = {
     "cnn": {"model": {"name": "cnn"}, "batch": 256, "image": True},

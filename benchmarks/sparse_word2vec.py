@@ -14,11 +14,11 @@ import torch
 from omegaconf import OmegaConf
 
 from benchmarks.harness import arguments, compare, print_checks, print_table, ratio, save
+from dpbench.core.optim import OptimizerConfig
+from dpbench.core.tasks import NegativeSamplingTask
 from dpbench.models.word2vec import Word2Vec
-from dpbench.optim import OptimizerConfig
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
-from dpbench.tasks import NegativeSamplingTask
 
 VOCABULARIES = {"1k": 1000, "20k": 20000}
 CASES = [f"{name}_{size}" for size in VOCABULARIES for name in ("sparse", "vanilla")]

@@ -22,10 +22,10 @@ from benchmarks.harness import (
     ratio,
     save,
 )
+from dpbench.core.tasks import ClassificationTask
 from dpbench.models.cnn import TFPrivacyCNN
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
-from dpbench.tasks import ClassificationTask
 
 CASES = ["nonprivate", "vanilla", "opacus_hooks", "opacus_functorch", "opacus_ghost"]
 SIGMA, CLIP, LR = 1.0, 1.0, 0.5

@@ -31,22 +31,22 @@ _EXPORTS = {
     "SubsampledGaussian": "dpbench.privacy.mechanisms",
     "Composition": "dpbench.privacy.mechanisms",
     "EpsilonReport": "dpbench.privacy.accountant",
-    "Task": "dpbench.tasks",
-    "ClassificationTask": "dpbench.tasks",
-    "Batch": "dpbench.tasks",
+    "Task": "dpbench.core.tasks",
+    "ClassificationTask": "dpbench.core.tasks",
+    "Batch": "dpbench.core.tasks",
     "DataBundle": "dpbench.data.bundle",
     "TensorSplit": "dpbench.data.bundle",
-    "OptimizerConfig": "dpbench.optim",
-    "ConfigurationError": "dpbench.errors",
-    "make_private": "dpbench.private_loop",
-    "poisson_loader": "dpbench.private_loop",
-    "PrivateTraining": "dpbench.private_loop",
-    "PrivacySpent": "dpbench.private_loop",
-    "make_private_module": "dpbench.private_loop",
-    "PrivateModule": "dpbench.private_loop",
+    "OptimizerConfig": "dpbench.core.optim",
+    "ConfigurationError": "dpbench.core.errors",
+    "make_private": "dpbench.training.private_loop",
+    "poisson_loader": "dpbench.training.private_loop",
+    "PrivateTraining": "dpbench.training.private_loop",
+    "PrivacySpent": "dpbench.training.private_loop",
+    "make_private_module": "dpbench.training.private_loop",
+    "PrivateModule": "dpbench.training.private_loop",
     "DPModule": "dpbench.training.module",
-    "epsilon": "dpbench.accounting",
-    "calibrate": "dpbench.accounting",
+    "epsilon": "dpbench.privacy.accounting",
+    "calibrate": "dpbench.privacy.accounting",
 }
 
 __all__ = [
@@ -57,13 +57,16 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from dpbench.accounting import calibrate, epsilon
+    from dpbench.core.errors import ConfigurationError
+    from dpbench.core.optim import OptimizerConfig
+    from dpbench.core.tasks import Batch, ClassificationTask, Task
     from dpbench.data.bundle import DataBundle, TensorSplit
-    from dpbench.errors import ConfigurationError
-    from dpbench.optim import OptimizerConfig
     from dpbench.privacy.accountant import EpsilonReport
+    from dpbench.privacy.accounting import calibrate, epsilon
     from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussian
-    from dpbench.private_loop import (
+    from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepContext, StepOutput
+    from dpbench.training.module import DPModule
+    from dpbench.training.private_loop import (
         PrivacySpent,
         PrivateModule,
         PrivateTraining,
@@ -71,9 +74,6 @@ if TYPE_CHECKING:
         make_private_module,
         poisson_loader,
     )
-    from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepContext, StepOutput
-    from dpbench.tasks import Batch, ClassificationTask, Task
-    from dpbench.training.module import DPModule
 
 
 def __getattr__(name: str) -> Any:

@@ -12,10 +12,10 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf
 
+from dpbench.app.cli_errors import from_the_job, one_line_errors
 from dpbench.app.hydra_setup import config_dir, setup
-from dpbench.cli_errors import from_the_job, one_line_errors
-from dpbench.errors import ConfigurationError, RunInterrupted
-from dpbench.stop_relay import RELAY
+from dpbench.app.stop_relay import RELAY
+from dpbench.core.errors import ConfigurationError, RunInterrupted
 
 
 def objective_value(results: dict) -> float | None:
@@ -26,7 +26,7 @@ def objective_value(results: dict) -> float | None:
 
 
 def _objective(cfg: DictConfig) -> float | None:
-    from dpbench.results import REFUSED_FILE
+    from dpbench.core.results import REFUSED_FILE
     from dpbench.training.resume import config_to_resume
 
     hydra_config = HydraConfig.get()
@@ -39,13 +39,13 @@ def _objective(cfg: DictConfig) -> float | None:
         raise ConfigurationError(f"profiler.fresh_process must be always, multirun or never, got {mode!r}")
     sweep_dir = Path(hydra_config.sweep.dir) if hydra_config.mode == RunMode.MULTIRUN else None
     if mode == "always" or (mode == "multirun" and sweep_dir is not None):
-        from dpbench.job_process import run_in_fresh_process
-        from dpbench.results import read_results
+        from dpbench.app.job_process import run_in_fresh_process
+        from dpbench.core.results import read_results
 
         job_logging = OmegaConf.to_container(hydra_config.job_logging, resolve=True)
         run_in_fresh_process(cfg, run_dir, sweep_dir, job_logging)
         return objective_value(read_results(run_dir))
-    from dpbench.run import run_experiment
+    from dpbench.app.run import run_experiment
 
     return objective_value(run_experiment(cfg, run_dir, sweep_dir))
 
@@ -53,7 +53,7 @@ def _objective(cfg: DictConfig) -> float | None:
 def _redact_privacy_seed(hydra_config: DictConfig) -> None:
     """Before anything else runs: the seed out of Hydra's saved configs (the job's, the sweep's) and out of argv,
     which W&B records (a multirun's fresh job process inherits it), however the command line spelled it."""
-    from dpbench.redaction import redact_overrides, redact_saved_configs
+    from dpbench.core.redaction import redact_overrides, redact_saved_configs
 
     sys.argv[:] = redact_overrides(sys.argv)
     if hydra_config.output_subdir is not None:
@@ -64,8 +64,8 @@ def _redact_privacy_seed(hydra_config: DictConfig) -> None:
 
 def _record_refusal(message: str) -> None:
     """refused.json in the job's directory: the sweep report lists it beside the runs."""
-    from dpbench.redaction import redact_overrides
-    from dpbench.results import REFUSED_FILE, write_json_atomic
+    from dpbench.core.redaction import redact_overrides
+    from dpbench.core.results import REFUSED_FILE, write_json_atomic
 
     hydra_config = HydraConfig.get()
     write_json_atomic(Path(hydra_config.runtime.output_dir) / REFUSED_FILE,
@@ -73,7 +73,7 @@ def _record_refusal(message: str) -> None:
 
 
 def main() -> None:
-    """`python -m dpbench`; Hydra's own configuration errors as one line with exit 2 (see dpbench.cli_errors). Every
+    """`python -m dpbench`; Hydra's own configuration errors as one line with exit 2 (see dpbench.app.cli_errors). Every
     file and directory a run creates is at most 0644 / 0755 whatever the umask (secrets are 0600 on their own)."""
     os.umask(os.umask(0o022) | 0o022)
     setup()
@@ -97,7 +97,7 @@ def _job(cfg: DictConfig) -> float | None:
     try:
         objective = _objective(cfg)
     except ConfigurationError as error:
-        from dpbench.redaction import redact_value
+        from dpbench.core.redaction import redact_value
 
         message = redact_value(str(error), cfg.privacy.get("seed"))  # e.g. an invalid seed, quoted
         print(f"dpbench: error: {message}", file=sys.stderr)

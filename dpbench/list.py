@@ -15,7 +15,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from dpbench.app.catalog import COMPONENTS, RECIPES, entries, format_group
 from dpbench.app.hydra_setup import main_hydra
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -2,7 +2,7 @@
 
 Hydra composes the config exactly as `python -m dpbench` does (the same conf dir, schema and plugin config groups;
 `--config-dir`, `--config-name`, `+experiment=...`, `hydra.searchpath`), and a `-m` grid is expanded by Hydra's own
-basic-sweeper rules into one job per line. Each job then goes through `dpbench.run.prepare_run` (data, privatizer,
+basic-sweeper rules into one job per line. Each job then goes through `dpbench.app.run.prepare_run` (data, privatizer,
 model, noise calibration) and the privatizer is attached to the model, so a config a run would refuse is refused
 here. Nothing is trained, no output directory is created and no Hydra callback (such as the sweep report) runs.
 """
@@ -26,9 +26,9 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.types import RunMode
 from omegaconf import DictConfig, OmegaConf, open_dict
 
+from dpbench.app.cli_errors import one_line_errors
 from dpbench.app.hydra_setup import main_hydra
-from dpbench.cli_errors import one_line_errors
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 BASIC_SWEEPER = "hydra._internal.core_plugins.basic_sweeper.BasicSweeper"
 
@@ -65,9 +65,9 @@ def job_configs(args: argparse.Namespace, hydra: Hydra) -> Iterator[tuple[str, D
 
 def plan_line(cfg: DictConfig) -> str:
     """One job's privacy plan as a line: what `prepare_run` fixes before the first step of a run."""
-    from dpbench.methods import method_label, with_privatizer
+    from dpbench.app.run import prepare_run
+    from dpbench.core.methods import method_label, with_privatizer
     from dpbench.privacy.accountant import PrivacyAccountant
-    from dpbench.run import prepare_run
 
     task = copy.deepcopy(cfg)
     with open_dict(task):

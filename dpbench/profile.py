@@ -23,7 +23,7 @@ from hydra.errors import HydraException
 from dpbench.app.frontier import FRONTIER_FIELDS, FrontierRow, frontier_row, refused_row
 from dpbench.app.frontier_plot import plot_frontier
 from dpbench.app.max_batch import MEMORY_FIELDS, find_max_batch, trial_device
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 MAX_BATCH_FILE = "max_batch.json"
 FRONTIER_FILE = "frontier.json"

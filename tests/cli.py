@@ -37,7 +37,7 @@ def dpbench(*args: str, timeout: int = 300, env: dict[str, str] | None = None,
 
 def _forked(command: list[str], args: list[str], env: dict[str, str], timeout: int) -> subprocess.CompletedProcess:
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["dpbench.cli", "dpbench.run"])
+    context.set_forkserver_preload(["dpbench.cli", "dpbench.app.run"])
     with tempfile.TemporaryDirectory() as streams:
         out, err = Path(streams, "stdout"), Path(streams, "stderr")
         out.touch()  # a child that dies before it opens them reads as one that wrote nothing

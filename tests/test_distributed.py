@@ -8,11 +8,11 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 
+from dpbench.core.tasks import ClassificationTask
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privacy.sampling import PoissonBatchSampler
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
-from dpbench.tasks import ClassificationTask
 
 SIGMA, CLIP, BATCH = 1.5, 0.5, 16
 

@@ -17,15 +17,15 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import dpbench
+from dpbench.app.run import run_experiment
 from dpbench.cli import config_dir
-from dpbench.config import register_schemas
+from dpbench.core.config import register_schemas
+from dpbench.core.results import read_results
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.ledger import DeclaredComposition, PrivacyLedger
 from dpbench.privacy.mechanisms import Mechanism, SubsampledGaussian
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.vanilla import Vanilla
-from dpbench.results import read_results
-from dpbench.run import run_experiment
 
 LEDGER_LOG = "dpbench.privacy.ledger"
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch import nn
 
+from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers import PrivacySettings, StepContext, make_strategy
-from dpbench.tasks import ClassificationTask
 from tests.cli import FAST, ROOT, results
 from tests.per_sample_reference import loop_gradients, loop_norms
 

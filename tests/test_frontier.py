@@ -13,7 +13,7 @@ import pytest
 from dpbench.app import max_batch
 from dpbench.app.frontier import frontier_row
 from dpbench.app.max_batch import Trial, find_max_batch
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from tests.cli import ROOT
 
 TINY = ["data=digits", "model=cnn_large", "model.width=8", "model.hidden=8", "optimizer=adam"]

@@ -10,14 +10,14 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from dpbench.core.optim import OptimizerConfig
+from dpbench.core.tasks import ClassificationTask
 from dpbench.data import DataBundle, TensorSplit
-from dpbench.optim import OptimizerConfig
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, StepContext, make_strategy
 from dpbench.privatizers.per_sample import HookEngine
-from dpbench.tasks import ClassificationTask
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
 

@@ -5,14 +5,14 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
-from dpbench.errors import ConfigurationError
-from dpbench.optim import OptimizerConfig
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.optim import OptimizerConfig
+from dpbench.core.tasks import ClassificationTask
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import HookEngine
 from dpbench.privatizers.projections import RandomProjections
-from dpbench.tasks import ClassificationTask
 from tests.cli import FAST, dpbench, results
 from tests.transformer_models import TRANSFORMERS
 
@@ -182,7 +182,7 @@ EXPERIMENTS = ["grape_vit_mnist", "grape_memory", "grape_minilm_sentiment", "gra
 def test_experiments_compose_into_valid_configs(name):
     from hydra import compose, initialize_config_dir
 
-    from dpbench.config import Config, register_schemas, validated
+    from dpbench.core.config import Config, register_schemas, validated
     from dpbench.data import DATASETS
     from dpbench.models import MODELS
     from dpbench.privatizers import STRATEGIES

@@ -9,10 +9,10 @@ import pytest
 from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
-from dpbench.config import register_schemas
-from dpbench.errors import ConfigurationError, MissingDataError
+from dpbench.app.run import prepare_run
+from dpbench.core.config import register_schemas
+from dpbench.core.errors import ConfigurationError, MissingDataError
 from dpbench.privacy.calibration import SIGMA_MIN
-from dpbench.run import prepare_run
 from tests.cli import FAST, ROOT, dpbench, results
 
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))

@@ -12,14 +12,14 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from omegaconf import OmegaConf
 
-from dpbench.config import PrivacyConfig
-from dpbench.errors import ConfigurationError
-from dpbench.optim import OptimizerConfig
+from dpbench.core.config import PrivacyConfig
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.optim import OptimizerConfig
+from dpbench.core.tasks import ClassificationTask
 from dpbench.privacy import PrivacyAccountant
 from dpbench.privatizers import STRATEGIES, PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.privacy_plan import make_plan
-from dpbench.tasks import ClassificationTask
 
 N = 400
 def mostly(valid, hostile):

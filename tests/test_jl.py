@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from dpbench.core.tasks import ClassificationTask
 from dpbench.models.lstm import LSTMClassifier, LSTMConfig
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
-from dpbench.tasks import ClassificationTask
 from tests.cli import FAST, dpbench, results
 from tests.models import CASES, sequence_batch
 from tests.transformer_models import bert, text_batch

@@ -5,11 +5,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpbench.errors import ConfigurationError, UnsupportedModelError
+from dpbench.core.errors import ConfigurationError, UnsupportedModelError
+from dpbench.core.tasks import ClassificationTask
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.per_sample.compiled_tangents import PADDED_SIZES, pad_batch, padded_size
-from dpbench.tasks import ClassificationTask
 from tests.cli import FAST, dpbench, results
 from tests.models import CASES, sequence_batch
 from tests.test_jl import DropoutMLP, small_lstm

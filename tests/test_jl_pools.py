@@ -8,9 +8,9 @@ import pytest
 import torch
 from torch import nn
 
+from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers import jl as jl_module
 from dpbench.privatizers.per_sample import pool_tangent
-from dpbench.tasks import ClassificationTask
 from tests.test_jl import jl
 
 pytestmark = pytest.mark.models_as_built

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.results import write_json_atomic
 from dpbench.leaderboard import Scheduler, build, load_suite
 from dpbench.leaderboard.cells import STOPPED_REASON, Cell, read_outcome, run_cell
 from dpbench.leaderboard.claims import fmt_value
@@ -17,7 +18,6 @@ from dpbench.leaderboard.launch import LAUNCHERS
 from dpbench.leaderboard.plots import pareto
 from dpbench.leaderboard.schedule import choose
 from dpbench.leaderboard.trial_cells import start_grid
-from dpbench.results import write_json_atomic
 
 TINY = """
 delta: 1.0e-5
@@ -389,7 +389,7 @@ def test_every_cell_of_the_shipped_suite_composes_into_a_valid_config(profile):
     from omegaconf import OmegaConf
 
     from dpbench.cli import config_dir
-    from dpbench.config import Config, register_schemas, validated
+    from dpbench.core.config import Config, register_schemas, validated
     from dpbench.data import DATASETS
     from dpbench.leaderboard.schedule import cell_for
     from dpbench.models import MODELS

@@ -7,14 +7,14 @@ import numpy as np
 import pytest
 from matplotlib import image
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.results import write_json_atomic
 from dpbench.leaderboard import Scheduler, build, load_suite
 from dpbench.leaderboard.cells import Outcome
 from dpbench.leaderboard.grid import GridSpec, TuningGrid, optimum_status
 from dpbench.leaderboard.plots import cost_plot
 from dpbench.leaderboard.remaining import remaining
 from dpbench.leaderboard.summary import Entry, summarize
-from dpbench.results import write_json_atomic
 
 SUITE = """
 delta: 1.0e-5

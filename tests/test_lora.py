@@ -9,16 +9,16 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpbench.config import validated
-from dpbench.errors import ConfigurationError, UnsupportedModelError
+from dpbench.core.config import validated
+from dpbench.core.errors import ConfigurationError, UnsupportedModelError
+from dpbench.core.optim import OptimizerConfig
+from dpbench.core.tasks import ClassificationTask
 from dpbench.models import build_model
 from dpbench.models.hf import TextTransformerConfig
 from dpbench.models.lora import LoRAConfig, add_lora
-from dpbench.optim import OptimizerConfig
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, make_engine
-from dpbench.tasks import ClassificationTask
 from tests.transformer_models import bert, bert_lora, text_batch
 
 pytestmark = pytest.mark.models_as_built

@@ -7,13 +7,13 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import nn
 
+from dpbench.core.errors import UnsupportedModelError
+from dpbench.core.tasks import ClassificationTask
 from dpbench.data import load_data
 from dpbench.data.text import PAD, UNK, WordVocabulary, load_texts
-from dpbench.errors import UnsupportedModelError
 from dpbench.models import build_model
 from dpbench.models.lstm import LSTMClassifier, LSTMConfig
 from dpbench.privatizers.per_sample import HookEngine, make_engine
-from dpbench.tasks import ClassificationTask
 
 pytestmark = pytest.mark.models_as_built
 

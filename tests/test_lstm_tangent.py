@@ -10,7 +10,7 @@ from torch import nn
 from torch.func import functional_call, jvp, vmap
 
 import dpbench.privatizers.per_sample.lstm_tangent as rule
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
 from dpbench.privatizers.per_sample.lstm_tangent import jvp_lstm_forward, mark_unread_outputs, record_call
 
 LAYOUTS = [  # bidirectional, num_layers, batch_first, bias

@@ -11,7 +11,7 @@ import pytest
 
 from dpbench.app import max_batch
 from dpbench.app.max_batch import Trial, find_max_batch, run_trial
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.report.build import build_report
 from tests.cli import ROOT
 

@@ -10,9 +10,9 @@ from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
 from dpbench.cli import config_dir
-from dpbench.config import register_schemas
+from dpbench.core.config import register_schemas
+from dpbench.core.errors import ConfigurationError
 from dpbench.data.bundle import DataBundle, TensorSplit
-from dpbench.errors import ConfigurationError
 from dpbench.models import build_model
 from dpbench.models import hf as hf_models
 from dpbench.models.published import PUBLISHED

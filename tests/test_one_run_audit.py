@@ -10,7 +10,7 @@ import torch
 from scipy import stats
 from torch.utils.data import DataLoader
 
-from dpbench import run
+from dpbench.app import run
 from dpbench.audit.canary_run import audit_config
 from dpbench.audit.one_run import one_run_audit
 from dpbench.audit.one_run_bound import epsilon_lower_bound, p_value

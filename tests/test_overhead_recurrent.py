@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
 from dpbench.privatizers.per_sample import HookEngine, recurrent
 from dpbench.privatizers.per_sample.gate_recurrence import Recurrence
 from dpbench.privatizers.per_sample.recurrence import LayerWeights, run_layer

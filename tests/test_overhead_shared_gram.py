@@ -6,10 +6,10 @@ from collections import Counter
 import pytest
 import torch
 
+from dpbench.core.tasks import ClassificationTask
 from dpbench.models.provenance import built_by_dpbench
 from dpbench.privatizers.per_sample import HookEngine, norms
 from dpbench.privatizers.per_sample.sites import DenseSite, OuterProductSite
-from dpbench.tasks import ClassificationTask
 from tests.per_sample_reference import loop_gradients, loop_norms
 from tests.transformer_models import bert, image_batch, text_batch, vit
 

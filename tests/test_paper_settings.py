@@ -9,13 +9,13 @@ import torch.nn.functional as F
 from hydra import compose, initialize_config_dir
 
 from dpbench.cli import config_dir
-from dpbench.config import register_schemas
+from dpbench.core.config import register_schemas
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.tasks import NegativeSamplingTask
 from dpbench.data import DataBundle, TensorSplit
 from dpbench.data.corpus import as_pairs
-from dpbench.errors import ConfigurationError
 from dpbench.models import build_model
 from dpbench.models.word2vec import Word2Vec
-from dpbench.tasks import NegativeSamplingTask
 from tests.cli import FAST, dpbench, results
 from tests.test_tramer_boneh import small_fashion_mnist  # noqa: F401  (a fixture)
 

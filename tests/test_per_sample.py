@@ -4,11 +4,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
+from dpbench.core.tasks import ClassificationTask
 from dpbench.models.cnn import LargeCNN
 from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, MaterializedEngine, make_engine
 from dpbench.privatizers.per_sample.sites import DenseSite
-from dpbench.tasks import ClassificationTask
 from tests.models import CASES
 
 pytestmark = pytest.mark.models_as_built

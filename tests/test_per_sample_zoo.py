@@ -9,11 +9,11 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
+from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, make_engine
-from dpbench.tasks import ClassificationTask
 from tests.per_sample_reference import (
     TOLERANCE,
     assert_matches_loop,

@@ -15,14 +15,14 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 import dpbench
-from dpbench.config import PrivacyConfig
+from dpbench.core.config import PrivacyConfig
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.registry import Registry
 from dpbench.data import DATASETS, load_data
-from dpbench.errors import ConfigurationError
 from dpbench.models import MODELS, build_model
 from dpbench.privatizers import STRATEGIES, PrivacySettings, make_strategy
 from dpbench.privatizers.privacy_plan import make_plan
 from dpbench.privatizers.vanilla import Vanilla
-from dpbench.registry import Registry
 from tests.cli import ROOT
 from tests.cli import dpbench as run_cli
 

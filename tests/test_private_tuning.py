@@ -7,7 +7,7 @@ import pytest
 import torch
 from scipy import integrate, special, stats
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.privacy.mechanisms import SubsampledGaussian
 from dpbench.privacy.mixture import SubsampledGaussianMixture
 from dpbench.privacy.randomness import PrivacyRandomness

@@ -4,12 +4,12 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from dpbench.core.tasks import ClassificationTask
 from dpbench.models.cnn import TFPrivacyCNN
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import HookEngine
-from dpbench.tasks import ClassificationTask
 from tests.models import CASES, cnn_batch
 
 pytestmark = pytest.mark.models_as_built

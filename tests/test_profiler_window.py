@@ -8,7 +8,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from dpbench.optim import OptimizerConfig
+from dpbench.core.optim import OptimizerConfig
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privacy.randomness import PrivacyRandomness
@@ -85,9 +85,9 @@ def test_a_runs_training_time_leaves_out_its_per_epoch_accounting(tmp_path, monk
     0.6 s an epoch on the CNN here, more than its steps); train_time_s leaves that out, epsilon_log_time_s says it."""
     from hydra import compose, initialize_config_dir
 
+    from dpbench.app.run import run_experiment
     from dpbench.cli import config_dir
-    from dpbench.config import register_schemas
-    from dpbench.run import run_experiment
+    from dpbench.core.config import register_schemas
 
     slow_s, epsilon = 5.0, PrivacyAccountant.epsilon
     fit_started = []

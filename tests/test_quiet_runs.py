@@ -15,8 +15,8 @@ import termios
 import warnings
 from pathlib import Path
 
+from dpbench.app.run_output import LIBRARY_WARNINGS, library_warnings_to_log
 from dpbench.leaderboard.launch import launch_fork
-from dpbench.run_output import LIBRARY_WARNINGS, library_warnings_to_log
 from tests.cli import FAST, ROOT, dpbench
 
 SUMMARY_LINES = 15

@@ -6,10 +6,10 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
+from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers.per_sample import HookEngine
 from dpbench.privatizers.per_sample.verify import RandomDraws, as_trained_without_dropout
-from dpbench.tasks import ClassificationTask
 from tests.per_sample_reference import loop_gradients
 
 pytestmark = pytest.mark.models_as_built

@@ -20,7 +20,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from dpbench.cli import config_dir
-from dpbench.config import Config, register_schemas, validated
+from dpbench.core.config import Config, register_schemas, validated
 from tests.cli import ROOT
 
 README = ROOT / "README.md"

@@ -6,9 +6,9 @@ import torch
 from torch import nn
 from torch.nn.utils.rnn import pack_padded_sequence
 
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
+from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers.per_sample import HookEngine, make_engine
-from dpbench.tasks import ClassificationTask
 from tests.per_sample_reference import (
     assert_matches_loop,
     assert_only_the_replaced_norm_moves,

@@ -10,8 +10,8 @@ import torch
 from hydra import compose, initialize_config_dir
 
 from dpbench.cli import config_dir
-from dpbench.config import Config, check_run_settings, register_schemas, validated
-from dpbench.errors import ConfigurationError
+from dpbench.core.config import Config, check_run_settings, register_schemas, validated
+from dpbench.core.errors import ConfigurationError
 from tests.cli import FAST, ROOT, dpbench
 
 REFUSED = [

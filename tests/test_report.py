@@ -32,7 +32,7 @@ def _close_figures():
 def write_run(directory, privatizer="vanilla", epsilon=3.0, batch_size=64, accuracy=0.8, samples_per_s=100.0,
               memory_mb=50.0, model="cnn", spent=None, variant=None, extra=None, seed=0, optimizer="sgd",
               data="mnist5k", fields=None):
-    """A results.json as dpbench.run writes it (only the fields the report reads)."""
+    """A results.json as dpbench.app.run writes it (only the fields the report reads)."""
     private = privatizer != "nonprivate"
     config = {"privatizer": {"name": privatizer, **(variant or {})}, "model": {"name": model},
               "data": {"name": data}, "batch_size": batch_size, "privacy": {**DEFAULT_PRIVACY, "epsilon": epsilon},

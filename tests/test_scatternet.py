@@ -7,8 +7,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.tasks import ClassificationTask
 from dpbench.data import load_data
-from dpbench.errors import ConfigurationError
 from dpbench.models import build_model
 from dpbench.models import scattering as scattering_module
 from dpbench.models.scattering import ScatteringSettings, scattering_features
@@ -16,7 +17,6 @@ from dpbench.models.scatternet import ScatterNetLinear
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import HookEngine
-from dpbench.tasks import ClassificationTask
 from tests.per_sample_reference import (
     TOLERANCE,
     assert_matches_loop,

@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from omegaconf import OmegaConf
 
-from dpbench.redaction import redact_saved_configs
+from dpbench.core.redaction import redact_saved_configs
 from dpbench.training.checkpoint_io import AtomicCheckpointIO
 from tests.cli import FAST, dpbench, results
 

@@ -8,9 +8,9 @@ from hydra import compose, initialize_config_dir
 
 import dpbench.privacy.randomness as randomness_module
 from dpbench.cli import config_dir
-from dpbench.config import register_schemas
+from dpbench.core.config import register_schemas
+from dpbench.core.errors import ConfigurationError
 from dpbench.data import load_data
-from dpbench.errors import ConfigurationError
 from dpbench.models import build_model
 from dpbench.privacy.randomness import STREAMS, PrivacyRandomness, PrivateStream
 from tests.cli import FAST, dpbench, final_weights

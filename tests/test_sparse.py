@@ -9,14 +9,14 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
+from dpbench.core.optim import OptimizerConfig
+from dpbench.core.tasks import NegativeSamplingTask
 from dpbench.models.word2vec import Word2Vec
-from dpbench.optim import OptimizerConfig
 from dpbench.privacy.mechanisms import SubsampledGaussian
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.selection import exponential_top_k, sparse_vector, uniform_untouched
-from dpbench.tasks import NegativeSamplingTask
 from tests.test_word2vec import w2v_batch
 
 pytestmark = pytest.mark.models_as_built

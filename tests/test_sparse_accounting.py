@@ -106,7 +106,7 @@ def test_theorem3_bound_by_hand():
 
 
 def test_calibration_gives_the_selection_its_budget_and_the_noise_the_rest():
-    from dpbench.config import PrivacyConfig
+    from dpbench.core.config import PrivacyConfig
     from dpbench.privatizers.privacy_plan import make_plan
 
     q, steps = 0.01, 200

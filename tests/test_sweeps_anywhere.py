@@ -13,7 +13,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from dpbench.cli import config_dir
-from dpbench.config import Config, register_schemas, validated
+from dpbench.core.config import Config, register_schemas, validated
 from dpbench.plan import BASIC_SWEEPER
 from tests.cli import ROOT
 

@@ -11,9 +11,10 @@ import torch
 from omegaconf import OmegaConf
 from torch import nn
 
+from dpbench.core.errors import UnsupportedModelError
+from dpbench.core.optim import OptimizerConfig
+from dpbench.core.tasks import ClassificationTask
 from dpbench.data import DataBundle, TensorSplit
-from dpbench.errors import UnsupportedModelError
-from dpbench.optim import OptimizerConfig
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privacy.randomness import PrivacyRandomness
@@ -21,7 +22,6 @@ from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import PerSampleMismatch
 from dpbench.privatizers.per_sample.schedule import CheckSchedule
-from dpbench.tasks import ClassificationTask
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
 from tests.checked_models import (

@@ -14,7 +14,7 @@ from scipy.special import gammaln, logsumexp
 
 from dpbench import SubsampledGaussian, calibrate, epsilon
 from dpbench.cli import config_dir
-from dpbench.config import register_schemas
+from dpbench.core.config import register_schemas
 from dpbench.data import DataBundle, TensorSplit, load_data
 from dpbench.models import build_model
 from tests.cli import FAST, dpbench, results

@@ -5,12 +5,12 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from dpbench.core.errors import ConfigurationError, MissingDataError, UnsupportedModelError
+from dpbench.core.tasks import ClassificationTask
 from dpbench.data.bundle import DataBundle, TensorSplit
-from dpbench.errors import ConfigurationError, MissingDataError, UnsupportedModelError
 from dpbench.models import build_model
 from dpbench.models.hf import SequenceClassifier, freeze_parameters
 from dpbench.privatizers.per_sample import HookEngine, make_engine
-from dpbench.tasks import ClassificationTask
 from tests.transformer_models import TRANSFORMERS, bert, roberta, single
 
 pytestmark = pytest.mark.models_as_built
@@ -113,7 +113,7 @@ def test_frozen_parameters_get_no_per_sample_gradient_and_others_still_match_the
 
 @pytest.mark.parametrize("privatizer", ["vanilla", "grape"])
 def test_a_private_step_leaves_frozen_parameters_as_they_were(privatizer):
-    from dpbench.optim import OptimizerConfig
+    from dpbench.core.optim import OptimizerConfig
     from dpbench.privatizers import PrivacySettings, make_strategy
     from dpbench.privatizers.base import StepContext
 

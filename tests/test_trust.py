@@ -8,16 +8,16 @@ from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from scipy import stats
 
+from dpbench.app.run import run_experiment
 from dpbench.cli import config_dir
-from dpbench.config import register_schemas
-from dpbench.errors import ConfigurationError
+from dpbench.core.config import register_schemas
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.tasks import ClassificationTask
 from dpbench.privacy import PrivacyAccountant, SubsampledGaussian
 from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import HookEngine
-from dpbench.run import run_experiment
-from dpbench.tasks import ClassificationTask
 from dpbench.training.module import DPModule
 from tests.cli import FAST, dpbench, results
 

@@ -13,10 +13,10 @@ from torch import nn
 from torch.utils.data import TensorDataset
 
 import dpbench
+from dpbench.app.run import prepare_run, run_experiment
 from dpbench.cli import config_dir
-from dpbench.config import Config, check_run_settings, register_schemas, validated
-from dpbench.errors import ConfigurationError
-from dpbench.run import prepare_run, run_experiment
+from dpbench.core.config import Config, check_run_settings, register_schemas, validated
+from dpbench.core.errors import ConfigurationError
 from tests.cli import FAST
 from tests.cli import dpbench as run_cli
 

@@ -8,11 +8,11 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
+from dpbench.core.tasks import NegativeSamplingTask
 from dpbench.data.corpus import build_vocabulary, insert_canaries, make_canaries, windows
 from dpbench.models.word2vec import Word2Vec, Word2VecConfig
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine
-from dpbench.tasks import NegativeSamplingTask
 
 pytestmark = pytest.mark.models_as_built
 
@@ -131,8 +131,8 @@ def test_canaries_appear_contiguously_the_requested_number_of_times():
 
 
 def test_brown_files_are_read_without_their_tags(tmp_path):
+    from dpbench.core.errors import MissingDataError
     from dpbench.data.corpus import brown_documents
-    from dpbench.errors import MissingDataError
 
     (tmp_path / "ca01").write_text("The/at Fulton/np-tl County/nn-tl said/vbd ./.\n")
     (tmp_path / "README").write_text("not a corpus file")

@@ -10,8 +10,8 @@ import lightning as L
 import torch
 from omegaconf import OmegaConf
 
+from dpbench.core.optim import OptimizerConfig
 from dpbench.data import DataBundle, TensorSplit
-from dpbench.optim import OptimizerConfig
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy

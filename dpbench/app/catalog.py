@@ -16,9 +16,9 @@ from hydra.types import RunMode
 from omegaconf import OmegaConf
 
 from dpbench.app.hydra_setup import registries
-from dpbench.config import validated
-from dpbench.optim import OptimizerConfig
-from dpbench.registry import TARGET, Registry, options
+from dpbench.core.config import validated
+from dpbench.core.optim import OptimizerConfig
+from dpbench.core.registry import TARGET, Registry, options
 
 COMPONENTS = ("model", "data", "privatizer", "optimizer")
 RECIPES = ("experiment", "sweep")
@@ -120,7 +120,7 @@ def entries(hydra: Hydra, group: str) -> list[Entry]:
     found = []
     for option in sorted(composable | set(registry or ())):
         try:
-            if option not in composable:  # dpbench.registry skipped it when making config group options: say why
+            if option not in composable:  # dpbench.core.registry skipped it when making config group options: say why
                 registry.component(option)
             found.append((component_entry if group in COMPONENTS else recipe_entry)(hydra, group, option))
         except Exception as error:  # a plugin that fails to import or compose: the other names are still listed

@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
 from dpbench.app.frontier import FrontierRow  # noqa: E402
-from dpbench.methods import preset_label  # noqa: E402
+from dpbench.core.methods import preset_label  # noqa: E402
 
 
 def plot_frontier(rows: list[FrontierRow], cap_mb: float, title: str, path: Path, optimizer: str | None) -> Path:

@@ -14,9 +14,9 @@ from hydra._internal.utils import create_automatic_config_search_path
 from hydra.core.config_search_path import SearchPathQuery
 from omegaconf import DictConfig
 
-from dpbench.config import register_schemas
-from dpbench.errors import ConfigurationError
-from dpbench.registry import Registry
+from dpbench.core.config import register_schemas
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.registry import Registry
 
 CALLING_MODULE = "dpbench.cli"
 """The module whose `@hydra.main` a run starts from: relative `--config-path`s resolve against it."""

@@ -25,7 +25,7 @@ from queue import Empty
 
 import torch
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.profiling.memory import available_mb
 
 log = logging.getLogger(__name__)
@@ -122,7 +122,7 @@ def _out_of_memory(error: Exception) -> bool:
 def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: float, device_name: str, queue) -> None:
     """Child process: build the run's model and strategy, then train `steps` steps on a batch of exactly B."""
     try:
-        from dpbench.config import Config, validated
+        from dpbench.core.config import Config, validated
         from dpbench.data import load_data
         from dpbench.models import build_model
         from dpbench.privacy.accountant import PrivacyAccountant

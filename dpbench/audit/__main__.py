@@ -13,10 +13,10 @@ import sys
 from pathlib import Path
 
 from dpbench.audit.canary import canary_ranks, plot_histograms, uniformity
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.results import RESULTS_FILE, write_json_atomic
 from dpbench.data.corpus import make_canaries
-from dpbench.errors import ConfigurationError
 from dpbench.models.word2vec import Word2Vec
-from dpbench.results import RESULTS_FILE, write_json_atomic
 from dpbench.training.checkpoint_io import load_checkpoint
 
 

@@ -27,10 +27,10 @@ from torch import Tensor, nn
 from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from dpbench.app.hydra_setup import compose
+from dpbench.app.run import run_experiment
+from dpbench.core.results import RESULTS_FILE
 from dpbench.data import DATASETS, DataBundle, TensorSplit
 from dpbench.models import MODELS
-from dpbench.results import RESULTS_FILE
-from dpbench.run import run_experiment
 
 DATA_NAME = "audit_canaries"
 MODEL_NAME = "audit_linear"

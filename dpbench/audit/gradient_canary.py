@@ -23,11 +23,11 @@ from scipy import stats
 from torch import Tensor, nn
 from torch.utils._pytree import tree_map
 
-from dpbench.optim import OptimizerConfig
+from dpbench.core.optim import OptimizerConfig
+from dpbench.core.tasks import Batch, Task
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.privatizers.per_sample import trainable_parameters
-from dpbench.tasks import Batch, Task
 
 
 @dataclass(frozen=True)

@@ -30,7 +30,7 @@ from torch import Tensor
 from dpbench.audit.canary_run import CanaryRun, audit_config, train
 from dpbench.audit.one_run_attacks import honest_score, replay_score, shadow_score, step_evidence
 from dpbench.audit.one_run_bound import epsilon_lower_bound
-from dpbench.results import write_json_atomic
+from dpbench.core.results import write_json_atomic
 
 GUESSED_FRACTION = {"shadow": 0.25, "replay": 0.1, "honest": 0.1}
 """Fixed before looking at any run: each attacker guesses "member" for this fraction of the canaries, its top

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 
 def step_evidence(iterates: Tensor, published: dict[str, Any]) -> Tensor:

@@ -1,15 +1,15 @@
 """Data sets by name (`data=...`) or `_target_`: loaders `(config: Schema) -> DataBundle`; embedded offline defaults,
-and Hugging Face hub names for users online (see dpbench.registry)."""
+and Hugging Face hub names for users online (see dpbench.core.registry)."""
 
 from __future__ import annotations
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.config import validated
+from dpbench.core.config import validated
+from dpbench.core.errors import MissingDataError
+from dpbench.core.registry import Registry
 from dpbench.data.bundle import DataBundle, TensorSplit, identity_collate
-from dpbench.errors import MissingDataError
-from dpbench.registry import Registry
 
 DATASETS = Registry("data", "dpbench.data", error=MissingDataError, schema_first=True)
 """Data loaders by name: dpbench's own and installed plugins' (entry point group `dpbench.data`)."""

@@ -9,8 +9,8 @@ import torch
 from torch import Tensor
 from torch.utils.data import Dataset
 
-from dpbench.errors import ConfigurationError, MissingDataError
-from dpbench.tasks import ClassificationTask, Task
+from dpbench.core.errors import ConfigurationError, MissingDataError
+from dpbench.core.tasks import ClassificationTask, Task
 
 
 class TensorSplit(Dataset):

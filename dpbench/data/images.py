@@ -11,9 +11,9 @@ import numpy as np
 import pandas
 import torch
 
+from dpbench.core.errors import MissingDataError
 from dpbench.data.bundle import DataBundle, TensorSplit
 from dpbench.data.sources import load_hub_dataset, package_dir
-from dpbench.errors import MissingDataError
 
 
 @dataclass

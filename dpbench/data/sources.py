@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 from typing import Any
 
-from dpbench.errors import MissingDataError
+from dpbench.core.errors import MissingDataError
 
 
 def package_dir(package: str, install: str | None = None) -> Path:

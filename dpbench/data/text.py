@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 import torch
 
+from dpbench.core.errors import ConfigurationError, MissingDataError
 from dpbench.data.bundle import DataBundle, TensorSplit
 from dpbench.data.sources import load_hub_dataset, package_dir
-from dpbench.errors import ConfigurationError, MissingDataError
 
 PAD, UNK = 0, 1
 """Reserved word ids: padding (the embedding's padding row) and out-of-vocabulary words."""

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, LAUNCHER_NAMES, make_launcher
 from dpbench.leaderboard.private_tuning import (
     DEFAULT_SCORE_NOISE,

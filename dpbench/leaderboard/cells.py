@@ -17,8 +17,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+from dpbench.core.results import RESULTS_FILE, read_results, write_json_atomic
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, RUNNING, make_launcher
-from dpbench.results import RESULTS_FILE, read_results, write_json_atomic
 
 CELL_FILE = "cell.json"
 REFUSED_FILE = "refused.json"

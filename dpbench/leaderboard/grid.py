@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 
 def _rounded(value: float) -> float:

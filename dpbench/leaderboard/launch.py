@@ -23,7 +23,7 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 log = logging.getLogger(__name__)
 Launcher = Callable[[list[str], Path, dict[str, str] | None], int]
@@ -128,7 +128,7 @@ def launch_fork(args: list[str], log: Path, env: dict[str, str] | None) -> int:
     and runs nothing else. Forking the caller itself can deadlock the child on a lock another thread held at the
     fork (torch's thread pools in a test process did)."""
     context = multiprocessing.get_context("forkserver")
-    context.set_forkserver_preload(["dpbench.cli", "dpbench.run"])
+    context.set_forkserver_preload(["dpbench.cli", "dpbench.app.run"])
     process = context.Process(target=_forked_cell, args=(args, str(log), env))
     try:
         process.start()

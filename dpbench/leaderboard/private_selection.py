@@ -20,14 +20,14 @@ import zlib
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.results import write_json_atomic
 from dpbench.leaderboard.cells import Cell, read_outcome
 from dpbench.leaderboard.private_tuning import PrivateTuning, run_privacy
 from dpbench.leaderboard.suite import Suite, Task, Variant
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privacy.tuning import tuning_epsilon
 from dpbench.privacy.tuning_draws import draw_trial_count, noisy_score
-from dpbench.results import write_json_atomic
 
 SECRET_FILE = ".tuning_secret"
 NO_SELECTION = "nothing selected"

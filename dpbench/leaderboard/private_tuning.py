@@ -1,7 +1,7 @@
 """`python -m dpbench.leaderboard --private-tuning --plan`: what Papernot-Steinke private tuning would cost each
 method of a profile, beside its per-run epsilon, without running a cell.
 
-Each method's tuning trial and final run are composed exactly as their cells would run them (`dpbench.run.
+Each method's tuning trial and final run are composed exactly as their cells would run them (`dpbench.app.run.
 prepare_run` on the cells' overrides: data split, sampling rate, steps, calibrated noise), and their compositions go
 to `dpbench.privacy.tuning`: the selection over a random number of trials (each trial's training run plus its
 noisy validation score), composed with the final run at each budget.
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from omegaconf import DictConfig
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
 from dpbench.leaderboard.trial_cells import TUNING_SEED, cell_for, start_grid
 from dpbench.privacy.mechanisms import Composition
@@ -80,7 +80,7 @@ def compose_overrides(overrides: list[str]) -> DictConfig:
 
 def run_privacy(overrides: list[str]) -> RunPrivacy:
     """Plan one cell's run (refusals raise ConfigurationError, as the cell would be refused)."""
-    from dpbench.run import prepare_run
+    from dpbench.app.run import prepare_run
 
     prepared = prepare_run(compose_overrides(overrides))
     plan = prepared.plan

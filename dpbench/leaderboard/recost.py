@@ -23,7 +23,8 @@ from typing import Any
 
 import torch
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.results import write_json_atomic
 from dpbench.leaderboard.cells import read_outcome, run_cell
 from dpbench.leaderboard.claims import fmt_number, fmt_ratio
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER
@@ -31,7 +32,6 @@ from dpbench.leaderboard.scale import SECTION_TITLE as SCALE_TITLE
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
 from dpbench.leaderboard.summary import seconds_per_step
 from dpbench.leaderboard.trial_cells import cell_for
-from dpbench.results import write_json_atomic
 
 SECTION_TITLE = "## Costs re-measured on the current code"
 BASELINES = ("dpsgd", "dpadam")

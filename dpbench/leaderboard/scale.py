@@ -13,8 +13,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dpbench.core.methods import preset_label
 from dpbench.leaderboard.claims import LESS_MEMORY
-from dpbench.methods import preset_label
 
 REGIME_PARAMETERS = 100_000_000
 """The GRAPE paper's smallest model with a memory figure is RoBERTa-large (355M); ViT-base (86M) is close."""

@@ -14,7 +14,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.leaderboard.cells import Cell, read_outcome, recorded, run_cell
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, RUNNING, Stopped
 from dpbench.leaderboard.private_selection import PrivateSelector

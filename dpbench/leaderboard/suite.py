@@ -8,9 +8,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.methods import method_label
 from dpbench.leaderboard.grid import GridSpec
-from dpbench.methods import method_label
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """Models by name (`model=...`) or `_target_`: builders `(config: Schema, data: DataBundle) -> nn.Module`, each
-declaring its dataclass schema, built for the data set's shape (see dpbench.registry)."""
+declaring its dataclass schema, built for the data set's shape (see dpbench.core.registry)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,12 @@ import torch
 from omegaconf import DictConfig
 from torch import nn
 
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.registry import Registry, options
 from dpbench.data import DataBundle
-from dpbench.errors import ConfigurationError
 from dpbench.models.cnn import CNNConfig, LargeCNN, LargeCNNConfig, TFPrivacyCNN
 from dpbench.models.lstm import LSTMClassifier, LSTMConfig
 from dpbench.models.provenance import built_by_dpbench
-from dpbench.registry import Registry, options
 
 
 def _image_shape(data: DataBundle, model_name: str) -> tuple[int, int]:

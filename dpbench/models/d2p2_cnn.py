@@ -14,8 +14,8 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from dpbench.core.errors import ConfigurationError
 from dpbench.data import DataBundle
-from dpbench.errors import ConfigurationError
 from dpbench.models.cnn import _activation
 
 WIDTHS = (16, 32, 32, 64)

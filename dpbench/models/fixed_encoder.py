@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
+from dpbench.core.errors import ConfigurationError
 from dpbench.data.bundle import DataBundle
-from dpbench.errors import ConfigurationError
 from dpbench.models.feature_cache import cached, default_cache_dir, tensor_bytes
 
 CHUNK = 256

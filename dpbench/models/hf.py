@@ -17,9 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpbench.core.errors import ConfigurationError
 from dpbench.data.bundle import DataBundle
 from dpbench.data.hf_checkpoints import load_pretrained, load_tokenizer
-from dpbench.errors import ConfigurationError
 from dpbench.models.fixed_encoder import head_on_cached_features
 from dpbench.models.lora import LoRAConfig, add_lora
 from dpbench.models.published import PublishedShape, published_shape

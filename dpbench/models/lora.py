@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 from torch import nn
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 
 @dataclass

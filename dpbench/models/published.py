@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.models.feature_cache import cached
 
 CHUNK = 1024

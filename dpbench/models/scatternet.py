@@ -11,8 +11,8 @@ from pathlib import Path
 
 from torch import Tensor, nn
 
+from dpbench.core.errors import ConfigurationError
 from dpbench.data import DataBundle
-from dpbench.errors import ConfigurationError
 from dpbench.models.feature_cache import default_cache_dir
 from dpbench.models.scattering import ScatteringSettings, cached_features
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 MODES = ("cbow", "skipgram")
 

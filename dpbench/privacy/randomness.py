@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 STREAMS = {"sampling": 1, "shuffle": 2, "noise": 3, "jl": 4, "d2p2": 5, "selection": 6, "grape": 7,
            "verify": 8, "tuning": 9}

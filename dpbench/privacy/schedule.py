@@ -16,7 +16,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 DECAYS = ("inverse_sqrt", "exponential", "none")
 CANDIDATES = 256

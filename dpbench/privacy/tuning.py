@@ -28,7 +28,7 @@ import numpy as np
 from dp_accounting import dp_event
 from scipy import optimize
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.privacy.accountant import merge_composition
 from dpbench.privacy.mechanisms import Composition, SubsampledGaussian
 from dpbench.privacy.mixture import SubsampledGaussianMixture

@@ -11,7 +11,7 @@ import math
 
 import torch
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privacy.tuning import TrialCount
 

@@ -1,5 +1,5 @@
 """Privatizer strategies by name: one file per strategy, one dataclass schema per strategy config (its `config`
-annotation); see dpbench.registry for how a name or a `_target_` finds one."""
+annotation); see dpbench.core.registry for how a name or a `_target_` finds one."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from dpbench.core.registry import Registry
 from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepContext, StepOutput
 from dpbench.privatizers.contract import check_contract
-from dpbench.registry import Registry
 
 STRATEGIES = Registry("privatizer", "dpbench.privatizers")
 """Privatizers by name: dpbench's own and installed plugins' (entry point group `dpbench.privatizers`)."""

@@ -16,13 +16,13 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
-from dpbench.optim import build_optimizer
+from dpbench.core.optim import build_optimizer
+from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussian
 from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
 from dpbench.privatizers import distributed
 from dpbench.privatizers.per_sample import trainable_parameters
 from dpbench.privatizers.per_sample.schedule import CheckSchedule
-from dpbench.tasks import Batch, Task, batch_size_of
 
 
 @dataclass

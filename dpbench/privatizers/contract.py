@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.privacy.mechanisms import Composition, Mechanism
 from dpbench.privatizers.base import PrivatizerStrategy
 

@@ -26,7 +26,8 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussian
 from dpbench.privacy.mixture import SubsampledGaussianMixture
 from dpbench.privacy.schedule import NoiseSchedule
@@ -35,7 +36,6 @@ from dpbench.privatizers.clipping import automatic_clip_factors, clipping_stats
 from dpbench.privatizers.gaussian_projection import GaussianProjection
 from dpbench.privatizers.implicit_projection import ImplicitProjection
 from dpbench.privatizers.per_sample import PerSampleEngine, make_engine, trainable_parameters
-from dpbench.tasks import Batch, Task, batch_size_of
 
 
 @dataclass

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.grape import check_adam
 from dpbench.privatizers.per_sample import trainable_parameters

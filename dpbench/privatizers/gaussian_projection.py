@@ -17,7 +17,7 @@ from collections.abc import Iterator
 import torch
 from torch import Tensor
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.privacy.randomness import PrivacyRandomness
 
 

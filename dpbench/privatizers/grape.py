@@ -15,13 +15,13 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clipping_stats
 from dpbench.privatizers.per_sample import trainable_parameters
 from dpbench.privatizers.projected_adam import ProjectedAdam
 from dpbench.privatizers.projections import ProjectedHookEngine, RandomProjections
-from dpbench.tasks import Batch, Task, batch_size_of
 
 
 @dataclass

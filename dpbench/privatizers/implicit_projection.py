@@ -24,7 +24,7 @@ import math
 import torch
 from torch import Tensor
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.privacy.randomness import PrivateStream
 
 

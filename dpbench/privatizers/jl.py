@@ -43,7 +43,8 @@ from torch.func import functional_call, jvp, vmap
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from torch.utils._pytree import tree_map
 
-from dpbench.errors import ConfigurationError, NonFiniteStepError, UnsupportedModelError
+from dpbench.core.errors import ConfigurationError, NonFiniteStepError, UnsupportedModelError
+from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.mechanisms import Composition, Mechanism
 from dpbench.privacy.mixture import SubsampledGaussianMixture
@@ -72,7 +73,6 @@ from dpbench.privatizers.per_sample.verify import (
     select,
 )
 from dpbench.profiling.memory import free_mb
-from dpbench.tasks import Batch, Task, batch_size_of
 
 MAX_PROJECTIONS = 1024
 """Largest r the epsilon advice searches (as many forward-mode passes a step)."""

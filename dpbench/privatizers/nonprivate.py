@@ -7,10 +7,10 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privacy.mechanisms import Composition, Mechanism
 from dpbench.privatizers import distributed
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
-from dpbench.tasks import Batch, Task, batch_size_of
 
 
 @dataclass

@@ -8,8 +8,8 @@ from dataclasses import asdict, dataclass
 
 from torch import nn
 
-from dpbench.config import PrivacyConfig
-from dpbench.errors import ConfigurationError
+from dpbench.core.config import PrivacyConfig
+from dpbench.core.errors import ConfigurationError
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.calibration import SIGMA_MAX, SIGMA_MIN, UnreachableEpsilonError, calibrate_noise_multiplier
 from dpbench.privacy.ledger import DeclaredComposition

@@ -23,7 +23,8 @@ from functools import partial
 import torch
 from torch import Tensor, nn
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers.per_sample.hooks import Call, HookEngine
 from dpbench.privatizers.per_sample.layers import (
@@ -35,7 +36,6 @@ from dpbench.privatizers.per_sample.layers import (
 )
 from dpbench.privatizers.per_sample.schedule import CheckSchedule
 from dpbench.privatizers.per_sample.sites import DenseSite
-from dpbench.tasks import Batch, Task, batch_size_of
 
 
 @dataclass(frozen=True)

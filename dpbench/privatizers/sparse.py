@@ -22,7 +22,8 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussian
 from dpbench.privacy.selection import SubsampledSelectionGaussian, theorem3_bound
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
@@ -30,7 +31,6 @@ from dpbench.privatizers.clipping import clipping_stats
 from dpbench.privatizers.per_sample import HookEngine, trainable_parameters
 from dpbench.privatizers.per_sample.sites import EmbeddingSite
 from dpbench.privatizers.selection import exponential_top_k, sparse_vector, uniform_untouched
-from dpbench.tasks import Batch, Task, batch_size_of
 
 SELECTIONS = ("exponential", "svt", "random")
 

@@ -6,10 +6,10 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
+from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clipping_stats
 from dpbench.privatizers.per_sample import PerSampleEngine, make_engine
-from dpbench.tasks import Batch, Task, batch_size_of
 
 
 @dataclass

@@ -1,5 +1,5 @@
 """Hydra callback: at the end of every multirun, write the sweep's report and print its summary; for the whole
-multirun, SIGINT / SIGTERM stop the sweep (see `dpbench.stop_relay`)."""
+multirun, SIGINT / SIGTERM stop the sweep (see `dpbench.app.stop_relay`)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig
 
-from dpbench.results import REFUSED_FILE
-from dpbench.stop_relay import RELAY
+from dpbench.app.stop_relay import RELAY
+from dpbench.core.results import REFUSED_FILE
 
 log = logging.getLogger(__name__)
 

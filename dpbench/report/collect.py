@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from dpbench.methods import method_label
+from dpbench.core.methods import method_label
 
 # Strategy keys that distinguish variants of one privatizer in tables and plot legends.
 VARIANT_KEYS = {

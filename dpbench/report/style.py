@@ -1,4 +1,4 @@
-"""One colour and marker per method, keyed by its label (dpbench.methods.method_label): DP-SGD looks the same in
+"""One colour and marker per method, keyed by its label (dpbench.core.methods.method_label): DP-SGD looks the same in
 every figure of every report, whatever else a sweep holds, so figures can be read side by side."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from matplotlib import colormaps
 
-from dpbench.methods import METHODS, OPTIMIZERS, method_label
+from dpbench.core.methods import METHODS, OPTIMIZERS, method_label
 
 COLOURS = [colormaps["tab20"](2 * i) for i in range(10)] + [colormaps["tab20"](2 * i + 1) for i in range(10)]
 """tab10's ten colours (tab20's dark ones), then their light pairs: twenty colours, the first ten as before."""

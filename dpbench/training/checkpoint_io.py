@@ -24,7 +24,7 @@ from typing import Any
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 PRIVATE_FILE, PRIVATE_DIRECTORY = 0o600, 0o700
 

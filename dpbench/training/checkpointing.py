@@ -21,7 +21,7 @@ import lightning as L
 import numpy as np
 import torch
 
-from dpbench.errors import RunInterrupted
+from dpbench.core.errors import RunInterrupted
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)

@@ -5,8 +5,8 @@ from __future__ import annotations
 import lightning as L
 from torch.utils.data import BatchSampler, DataLoader, SequentialSampler
 
+from dpbench.core.errors import ConfigurationError
 from dpbench.data import DataBundle, identity_collate
-from dpbench.errors import ConfigurationError
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privacy.sampling import PoissonBatchSampler, ShuffledBatchSampler
 

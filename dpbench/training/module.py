@@ -8,12 +8,12 @@ import lightning as L
 import torch
 from torch import nn
 
-from dpbench.errors import ConfigurationError
-from dpbench.optim import OptimizerConfig
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.optim import OptimizerConfig
+from dpbench.core.tasks import Batch, Task
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privatizers import distributed
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
-from dpbench.tasks import Batch, Task
 from dpbench.training.step import private_step
 
 

@@ -22,9 +22,9 @@ from typing import Any
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.errors import ConfigurationError
-from dpbench.redaction import SECRET
-from dpbench.results import RESULTS_FILE
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.redaction import SECRET
+from dpbench.core.results import RESULTS_FILE
 from dpbench.training.checkpoint_io import load_checkpoint
 from dpbench.training.checkpointing import RUN_STATE_KEY
 

@@ -17,10 +17,10 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from dpbench.errors import NonFiniteStepError, UnsupportedModelError
+from dpbench.core.errors import NonFiniteStepError, UnsupportedModelError
+from dpbench.core.tasks import Batch, Task
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext, StepOutput
-from dpbench.tasks import Batch, Task
 
 MODULE_MACHINERY = frozenset(vars(nn.Module())) | {"forward"}
 """What every nn.Module keeps in its __dict__ (and dpbench's temporary forward of a recurrent layer): not the model's

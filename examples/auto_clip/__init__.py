@@ -11,9 +11,9 @@ from dataclasses import dataclass
 from functools import partial
 
 from dpbench import PrivatizerStrategy
+from dpbench.core.tasks import batch_size_of
 from dpbench.privatizers.clipping import automatic_clip_factors, clipping_stats
 from dpbench.privatizers.per_sample import make_engine
-from dpbench.tasks import batch_size_of
 
 
 @dataclass

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 from dpbench.privatizers.per_sample.auto import AutoEngine
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.functorch import FunctorchEngine

@@ -19,7 +19,8 @@ from typing import TypeVar
 import torch
 from torch import Tensor, nn
 
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
+from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, trainable_parameters
 from dpbench.privatizers.per_sample.construction import VMAP, fast_path_refusal
@@ -36,7 +37,6 @@ from dpbench.privatizers.per_sample.verify import (
     per_example_deviations,
     select,
 )
-from dpbench.tasks import Batch, Task, batch_size_of
 
 log = logging.getLogger(__name__)
 

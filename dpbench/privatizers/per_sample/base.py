@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
 from dpbench.privatizers.per_sample.construction import refuse_in_place_layers
 
 SAMPLE_MIXING_LAYERS = (nn.modules.batchnorm._BatchNorm, nn.SyncBatchNorm)

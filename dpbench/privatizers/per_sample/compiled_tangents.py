@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 from torch.utils._pytree import tree_map
 
-from dpbench.tasks import Batch, batch_size_of
+from dpbench.core.tasks import Batch, batch_size_of
 
 log = logging.getLogger(__name__)
 

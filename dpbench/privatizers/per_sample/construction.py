@@ -24,7 +24,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
 from dpbench.models.provenance import built_structure, structure
 
 PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (

@@ -14,10 +14,10 @@ from torch import Tensor, nn
 from torch.func import functional_call, grad, vmap
 from torch.utils._pytree import tree_map
 
+from dpbench.core.tasks import Batch, Task
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.vmap_traceable import vmap_traceable
-from dpbench.tasks import Batch, Task
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
 from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
 
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
+from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privatizers import distributed
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
@@ -50,7 +51,6 @@ from dpbench.privatizers.per_sample.verify import (
     per_example_deviations,
     sample_mismatch,
 )
-from dpbench.tasks import Batch, Task, batch_size_of
 
 
 class PerSampleMismatch(UnsupportedModelError):

@@ -9,7 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
 from dpbench.privatizers.per_sample.fastest import batch_bucket, fastest
 from dpbench.privatizers.per_sample.sites import DenseSite, EmbeddingSite, OuterProductSite, Site
 

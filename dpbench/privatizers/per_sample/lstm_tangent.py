@@ -20,7 +20,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
 from dpbench.privatizers.per_sample.base import graph_nodes
 from dpbench.privatizers.per_sample.recurrent import check_recomputable, stacked_layer_weights
 from dpbench.privatizers.per_sample.tangent_batching import directions_first

@@ -16,7 +16,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor, nn
 
-from dpbench.errors import UnsupportedModelError
+from dpbench.core.errors import UnsupportedModelError
 from dpbench.privatizers.per_sample.gate_recurrence import GateRecord
 from dpbench.privatizers.per_sample.layers import LAYER_HANDLERS, SiteMap, outer_product_site
 from dpbench.privatizers.per_sample.recurrence import (

@@ -29,8 +29,8 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_map
 
+from dpbench.core.tasks import Batch, Task
 from dpbench.privatizers.per_sample.base import graph_nodes
-from dpbench.tasks import Batch, Task
 
 DROPOUTS = {
     F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,

@@ -19,10 +19,11 @@ from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 from torch.utils.data import DataLoader, Dataset, default_collate
 
-from dpbench.config import PrivacyConfig, check_precision
+from dpbench.core.config import PrivacyConfig, check_precision
+from dpbench.core.errors import ConfigurationError
+from dpbench.core.optim import OptimizerConfig
+from dpbench.core.tasks import Batch, ClassificationTask, Task
 from dpbench.data.bundle import DataBundle
-from dpbench.errors import ConfigurationError
-from dpbench.optim import OptimizerConfig
 from dpbench.privacy.accountant import EpsilonReport, PrivacyAccountant
 from dpbench.privacy.ledger import PrivacyLedger, Underreport
 from dpbench.privacy.randomness import PrivacyRandomness
@@ -30,7 +31,6 @@ from dpbench.privacy.sampling import PoissonBatchSampler
 from dpbench.privatizers import PrivacySettings, PrivatizerStrategy, StepContext, StepOutput, make_strategy
 from dpbench.privatizers.base import PrivatizerStrategy as _Base
 from dpbench.privatizers.privacy_plan import PrivacyPlan, declared_composition, make_plan
-from dpbench.tasks import Batch, ClassificationTask, Task
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
 from dpbench.training.step import private_step
@@ -217,7 +217,7 @@ def make_private(
 
 class PrivateModule(DPModule):
     """dpbench's Lightning module for your own Trainer; it refuses to train past the planned steps, and mixed
-    precision (see dpbench.config.check_precision)."""
+    precision (see dpbench.core.config.check_precision)."""
 
     plan: PrivacyPlan
 

@@ -10,8 +10,8 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import MISSING, DictConfig, OmegaConf
 from omegaconf.errors import ConfigKeyError, ValidationError
 
-from dpbench.errors import ConfigurationError, did_you_mean
-from dpbench.optim import OptimizerConfig
+from dpbench.core.errors import ConfigurationError, did_you_mean
+from dpbench.core.optim import OptimizerConfig
 
 
 @dataclass

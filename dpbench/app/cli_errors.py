@@ -20,8 +20,8 @@ from contextlib import contextmanager
 from hydra.errors import HydraException, MissingConfigException, OverrideParseException
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBaseException
 
-from dpbench.errors import did_you_mean
-from dpbench.methods import METHODS, OPTIMIZERS, method_label
+from dpbench.core.errors import did_you_mean
+from dpbench.core.methods import METHODS, OPTIMIZERS, method_label
 
 FULL_ERROR = "HYDRA_FULL_ERROR"
 COMPONENTS = ("model", "data", "privatizer", "optimizer")

@@ -21,11 +21,15 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 from torch import nn
 
-from dpbench.config import Config, check_run_settings, validated
+from dpbench.app.run_output import drop_lightning_console, library_warnings_to_log
+from dpbench.app.wandb_run import finish_wandb, wandb_logger
+from dpbench.core.config import Config, check_run_settings, validated
+from dpbench.core.errors import ConfigurationError, RunInterrupted
+from dpbench.core.methods import method_label, off_paper
+from dpbench.core.redaction import SECRET, public_config
+from dpbench.core.results import RESULTS_FILE, summary_text, write_json_atomic
 from dpbench.data import load_data
 from dpbench.data.bundle import DataBundle
-from dpbench.errors import ConfigurationError, RunInterrupted
-from dpbench.methods import method_label, off_paper
 from dpbench.models import MODELS, build_model
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.budget import steps_within_budget
@@ -35,9 +39,6 @@ from dpbench.privatizers import STRATEGIES, PrivacySettings, PrivatizerStrategy,
 from dpbench.privatizers.per_sample import PerSampleMismatch
 from dpbench.privatizers.privacy_plan import PrivacyPlan, declared_composition, make_plan, noise_multiplier_source
 from dpbench.profiling import ProfilerCallback
-from dpbench.redaction import SECRET, public_config
-from dpbench.results import RESULTS_FILE, summary_text, write_json_atomic
-from dpbench.run_output import drop_lightning_console, library_warnings_to_log
 from dpbench.training.callbacks import EpsilonLogger
 from dpbench.training.checkpoint_io import AtomicCheckpointIO
 from dpbench.training.checkpointing import PeriodicCheckpoint, StopSignals
@@ -55,7 +56,6 @@ from dpbench.training.resume import (
     read_saved_run,
     resume_mode,
 )
-from dpbench.wandb_run import finish_wandb, wandb_logger
 
 log = logging.getLogger(__name__)
 LEDGER_FILE = "privacy_ledger.json"

@@ -18,8 +18,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.errors import ConfigurationError, RunInterrupted
-from dpbench.stop_relay import RELAY, STOP_SIGNALS
+from dpbench.app.stop_relay import RELAY, STOP_SIGNALS
+from dpbench.core.errors import ConfigurationError, RunInterrupted
 
 
 def _raise_interrupt(signum: int, frame: Any) -> None:
@@ -38,7 +38,7 @@ def _child(container: dict, run_dir: str, sweep_dir: str | None, job_logging: di
             raise KeyboardInterrupt(relayed.value)
         if job_logging:  # the launcher's Hydra job logging (console filter, the job's dpbench.log), here too
             logging.config.dictConfig(job_logging)
-        from dpbench.run import run_experiment
+        from dpbench.app.run import run_experiment
 
         run_experiment(OmegaConf.create(container), Path(run_dir), Path(sweep_dir) if sweep_dir else None)
     except ConfigurationError as error:

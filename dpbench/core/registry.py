@@ -26,8 +26,8 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from dpbench.config import validated
-from dpbench.errors import ConfigurationError
+from dpbench.core.config import validated
+from dpbench.core.errors import ConfigurationError
 
 TARGET = "_target_"
 

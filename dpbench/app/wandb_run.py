@@ -14,7 +14,7 @@ from lightning.pytorch.loggers import Logger, WandbLogger
 from lightning.pytorch.utilities import rank_zero_only
 from omegaconf import DictConfig
 
-from dpbench.redaction import public_config
+from dpbench.core.redaction import public_config
 
 SUMMARY_KEYS = ("epsilon", "delta", "noise_multiplier", "sampling_rate", "steps", "batch_size", "peak_memory_mb",
                 "samples_per_s", "step_time_s", "train_time_s")

@@ -8,7 +8,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from dpbench.methods import with_privatizer
+from dpbench.core.methods import with_privatizer
 
 RESULTS_FILE = "results.json"
 REFUSED_FILE = "refused.json"

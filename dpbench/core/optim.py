@@ -8,7 +8,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import nn
 
-from dpbench.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError
 
 
 @dataclass
