@@ -1,4 +1,5 @@
-"""Every command the README shows is composed (each job of a multirun grid) or, for the other tools, started.
+"""Every command the README and the docs pages show is composed (each job of a multirun grid) or, for the other tools,
+started.
 
 A README command that fails on a fresh clone ("Multiple values for experiment") is a bug a user meets first.
 """
@@ -23,14 +24,16 @@ from dpbench.cli import config_dir
 from dpbench.core.config import Config, register_schemas, validated
 from tests.cli import ROOT
 
-README = ROOT / "README.md"
+PAGES = [ROOT / "README.md", *(ROOT / "docs" / f"{page}.md" for page in (
+    "configuration", "privacy", "architecture", "methods", "plugins", "scale", "resume", "leaderboard-guide"))]
+"""The README and the reference pages it links (the generated leaderboard report apart)."""
 COMMAND = re.compile(r"^(?:[A-Z_]+=\S+\s+)*python -m (dpbench[\w.]*)(.*)$")
 
 
 def readme_commands() -> list[tuple[str, list[str]]]:
-    """(module, arguments) of every `python -m dpbench...` line inside the README's code blocks."""
+    """(module, arguments) of every `python -m dpbench...` line inside the pages' code blocks."""
     commands, in_block = [], False
-    for line in README.read_text().splitlines():
+    for line in "\n".join(page.read_text() for page in PAGES).splitlines():
         if line.startswith("```"):
             in_block = not in_block
             continue

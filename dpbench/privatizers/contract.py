@@ -20,7 +20,7 @@ from dpbench.privacy.mechanisms import Composition, Mechanism
 from dpbench.privatizers.base import PrivatizerStrategy
 
 CONTRACT = ("must return a non-empty list of (dpbench.Mechanism, steps) pairs describing every release of the run "
-            "(see README, 'Your own model, data and method')")
+            "(see docs/plugins.md)")
 
 
 def _refuse(strategy: Any, what: str) -> ConfigurationError:
