@@ -86,7 +86,7 @@ def _run(command: list[str], timeout: float, log: Path | None = None) -> dict:
 def cuda_tests(out: Path, deadline: Deadline, share: float, workers: int) -> dict:
     """The whole pytest log goes to cuda_tests.log beside the record."""
     part = _run([sys.executable, "-m", "pytest", "-q", "-n", str(workers), "-m", "cuda", "-p", "no:cacheprovider",
-                 "tests/test_cuda.py"], deadline.left() * share, out / "cuda_tests.log")
+                 "tests/training/test_cuda.py"], deadline.left() * share, out / "cuda_tests.log")
     summary = [line for line in part["output_tail"].splitlines() if " passed" in line or " failed" in line
                or " skipped" in line]
     return {**part, "summary": summary[-1] if summary else ""}

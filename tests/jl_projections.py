@@ -5,7 +5,7 @@ import torch
 from torch import Tensor, nn
 
 from dpbench.core.tasks import ClassificationTask
-from tests.test_jl import jl, loop_gradients
+from tests.privatizers.test_jl import jl, loop_gradients
 
 TASK = ClassificationTask()
 

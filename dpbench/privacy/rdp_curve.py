@@ -28,7 +28,7 @@ class RdpCurveDpEvent(dp_event.DpEvent):
 class CurveRdpAccountant(RdpAccountant):
     """dp-accounting's RDP accountant that also composes `RdpCurveDpEvent`s given at its own orders. It extends
     `_maybe_compose` and adds to `_rdp` as the accountant's own events do (dp-accounting 0.6; the pin keeps it below
-    1.0, and tests/test_private_tuning.py checks the composition against Theorem 2 by hand)."""
+    1.0, and tests/privacy/test_private_tuning.py checks the composition against Theorem 2 by hand)."""
 
     def _maybe_compose(self, event: dp_event.DpEvent, count: int, do_compose: bool):
         if not isinstance(event, RdpCurveDpEvent):

@@ -5,7 +5,7 @@ derivative, are the same for all of them; functorch's rules evaluate them again 
 spend several passes over the (r, B, ..., features) tangent on each (a LayerNorm took 46 ms for r = 10 on 8,500
 tokens of 64 features, one thread; this rule 16 ms; GELU 14.5 against 4.4 ms). Here each op is an autograd Function
 whose vmap rule receives the directions' physical tangents: the primal's statistics once, then a few in-place
-passes. Same formulas, so the projections stay exact (float64 checks in tests/test_jl_tangent_rules.py).
+passes. Same formulas, so the projections stay exact (float64 checks in tests/per_sample/test_jl_tangent_rules.py).
 """
 
 from __future__ import annotations

@@ -149,7 +149,7 @@ def test_entry_point_is_a_config_group_option_on_the_command_line(tmp_path):
 
 def test_cli_refuses_a_privatizer_without_composition_before_training(tmp_path):
     run_dir = tmp_path / "run"
-    out = run_cli("+privatizer._target_=tests.test_plugins.EmptyComposition", "max_steps=3",
+    out = run_cli("+privatizer._target_=tests.commands.test_plugins.EmptyComposition", "max_steps=3",
                   f"hydra.run.dir={run_dir}")
     assert out.returncode == 2, out.stderr
     assert "describes no private release" in out.stderr

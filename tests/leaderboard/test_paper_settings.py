@@ -17,7 +17,7 @@ from dpbench.data.corpus import as_pairs
 from dpbench.models import build_model
 from dpbench.models.word2vec import Word2Vec
 from tests.cli import FAST, dpbench, results
-from tests.test_tramer_boneh import small_fashion_mnist  # noqa: F401  (a fixture)
+from tests.leaderboard.test_tramer_boneh import small_fashion_mnist  # noqa: F401  (a fixture)
 
 
 def composed(*overrides: str):

@@ -1,6 +1,6 @@
 """Poisson sampling: rate, independence across samples, epoch length, empty batches; shuffled batches.
 
-The samplers called by hand here; tests/test_fresh_batches.py checks the same properties through a real Trainer.
+The samplers called by hand here; tests/privacy/test_fresh_batches.py checks the same properties through a real Trainer.
 """
 
 import pytest

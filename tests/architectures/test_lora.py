@@ -1,6 +1,7 @@
 """model.lora: peft's LoRA adapters on the Hugging Face classifiers, trained privately with the head only.
 
-The per-sample exactness of peft's layers is checked in the zoo (tests/test_per_sample_zoo.py, entry bert_lora).
+The per-sample exactness of peft's layers is checked in the zoo (tests/per_sample/test_per_sample_zoo.py, entry
+bert_lora).
 """
 
 import importlib.util

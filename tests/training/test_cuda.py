@@ -15,9 +15,9 @@ from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, Material
 from tests.cli import FAST, dpbench, results
 from tests.jl_projections import projections_and_reference
 from tests.models import CASES, cnn_batch
+from tests.per_sample.test_jl_convs import ConvNet
+from tests.per_sample.test_jl_tangent_rules import Block, SharedLayer
 from tests.per_sample_reference import loop_gradients
-from tests.test_jl_convs import ConvNet
-from tests.test_jl_tangent_rules import Block, SharedLayer
 from tests.transformer_models import TRANSFORMERS
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]

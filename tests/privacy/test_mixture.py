@@ -102,7 +102,7 @@ def test_one_projection_gives_infinite_epsilon_not_a_finite_lie():
 
 def test_small_dimension_is_finite_and_large_where_the_old_cut_said_infinite():
     """q = 0.05, sigma = 1, r = 5, one step: a whole-component cut at effective sigma 0.2 reported inf; the true
-    epsilon is about 21 (independent quadrature in tests/test_jl_accounting.py)."""
+    epsilon is about 21 (independent quadrature in tests/privacy/test_jl_accounting.py)."""
     report = PrivacyAccountant().epsilon([(SubsampledGaussianMixture(0.05, 1.0, 5, 1.0), 1)], 1e-5)
     assert report.method == "prv" and 20.0 < report.epsilon < 23.0
 

@@ -7,7 +7,7 @@ import pytest
 
 from tests.cli import FAST, results
 from tests.cli import dpbench as run_cli
-from tests.test_plan_cli import plan
+from tests.commands.test_plan_cli import plan
 
 LABELS = {("vanilla", "sgd"): "DP-SGD", ("vanilla", "adam"): "DP-Adam", ("d2p2", "sgd"): "D2P2-SGD",
           ("d2p2", "adam"): "D2P2-Adam (paper: SGD)"}

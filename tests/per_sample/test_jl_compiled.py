@@ -12,7 +12,7 @@ from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.per_sample.compiled_tangents import PADDED_SIZES, pad_batch, padded_size
 from tests.cli import FAST, dpbench, results
 from tests.models import CASES, sequence_batch
-from tests.test_jl import DropoutMLP, small_lstm
+from tests.privatizers.test_jl import DropoutMLP, small_lstm
 from tests.transformer_models import image_batch, vit
 
 pytestmark = pytest.mark.models_as_built

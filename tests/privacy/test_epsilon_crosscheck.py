@@ -159,7 +159,7 @@ def _run(tmp_path, *overrides: str) -> dict:
 
 def test_a_run_marks_results_when_the_ledger_under_reports(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger=LEDGER_LOG):
-        out = _run(tmp_path / "plugin", "+privatizer._target_=tests.test_epsilon_crosscheck.ZeroRateSteps")
+        out = _run(tmp_path / "plugin", "+privatizer._target_=tests.privacy.test_epsilon_crosscheck.ZeroRateSteps")
     assert "under-report" in caplog.text
     for results in (out, read_results(tmp_path / "plugin")):
         assert results["epsilon"] > 0.1
@@ -208,7 +208,7 @@ def test_every_epochs_epsilon_is_checked_not_only_the_last(tmp_path):
         cfg = compose("config", overrides=["max_steps=6", "batch_size=2000", "logger.wandb=false",
                                            "trainer.enable_progress_bar=false", "trainer.checkpoint=false",
                                            "eval_batch_size=1000",
-                                           "+privatizer._target_=tests.test_epsilon_crosscheck.ZeroRateSteps"])
+                                           "+privatizer._target_=tests.privacy.test_epsilon_crosscheck.ZeroRateSteps"])
     run_experiment(cfg, tmp_path)
     history = json.loads((tmp_path / "privacy_ledger.json").read_text())["epsilon_spent"]
     assert len(history) == 3

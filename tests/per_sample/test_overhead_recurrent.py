@@ -10,8 +10,8 @@ from dpbench.core.errors import UnsupportedModelError
 from dpbench.privatizers.per_sample import HookEngine, recurrent
 from dpbench.privatizers.per_sample.gate_recurrence import Recurrence
 from dpbench.privatizers.per_sample.recurrence import LayerWeights, run_layer
+from tests.per_sample.test_recurrent_rules import CONFIGURATIONS, KINDS, TASK, _name, model_and_batches
 from tests.per_sample_reference import assert_matches_loop, loop_gradients, loop_norms
-from tests.test_recurrent_rules import CONFIGURATIONS, KINDS, TASK, _name, model_and_batches
 
 pytestmark = pytest.mark.models_as_built
 
