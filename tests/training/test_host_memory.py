@@ -65,5 +65,5 @@ def test_the_figure_shows_steps_that_fault_again_and_again_but_not_a_one_off(ste
     assert sum(profiler.faults_each_step) > 2000 * len(steps), profiler.faults_each_step
     if faulting:
         assert profiler.page_faults_per_step > 500, profiler.faults_each_step
-    else:  # the mean over all steps would exceed 20
-        assert profiler.page_faults_per_step < 20, profiler.faults_each_step
+    else:  # the one-off's 2,000+ faults in the mean of all 12 steps would exceed 160; an ordinary step faults 10-150
+        assert profiler.page_faults_per_step < 100, profiler.faults_each_step
