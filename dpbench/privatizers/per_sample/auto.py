@@ -105,14 +105,7 @@ class AutoEngine:
             self.engine.detach()
             self.engine = self._functorch(self.checks.switched["reason"])
         if isinstance(self.engine, HookEngine):
-            unproven = fast_path_refusal(self.model, task)
-            if unproven is not None:  # before this step's numbers: the steps before were proven
-                self.engine.detach()
-                self._hooks_refusal = unproven
-                log.warning("privatizer.engine=auto: continuing on functorch (exact by construction), as %s", unproven)
-                self.engine = self._functorch(unproven)
-        if isinstance(self.engine, HookEngine):
-            try:
+            try:  # a model no longer proven is refused by the hooks before this step's numbers, and falls back
                 return step(self.engine)
             except UnsupportedModelError as refusal:
                 self._fall_back(refusal)

@@ -78,11 +78,8 @@ def _layer_refusal(name: str, module: nn.Module) -> str | None:
     return None
 
 
-def _module_refusal(name: str, module: nn.Module, task: object) -> str | None:
-    """Why `module` is not proven per-sample (None: it is)."""
-    hooks = _hook_refusal(name, module)
-    if hooks is not None:
-        return hooks
+def _module_refusal(name: str, module: nn.Module) -> str | None:
+    """Why `module`'s code is not proven per-sample (None: it is); its hooks are fast_path_refusal's."""
     built = built_structure(module)
     if built is not None:
         if built != structure(module):
@@ -97,7 +94,7 @@ def _module_refusal(name: str, module: nn.Module, task: object) -> str | None:
     if layer is not None:
         return layer
     for child_name, child in module.named_children():
-        refusal = _module_refusal(f"{name}.{child_name}" if name != "<root>" else child_name, child, task)
+        refusal = _module_refusal(f"{name}.{child_name}" if name != "<root>" else child_name, child)
         if refusal is not None:
             return refusal
     return None
@@ -125,7 +122,7 @@ def fast_path_refusal(model: nn.Module, task: object = None) -> str | None:
         refusal = _hook_refusal(name or "<root>", module)
         if refusal is not None:
             return refusal
-    return _module_refusal("<root>", model, task)
+    return _module_refusal("<root>", model)
 
 
 def require_fast_path(model: nn.Module, who: str, task: object = None) -> None:
