@@ -34,7 +34,7 @@ import torch
 
 from dpbench.app.frontier import FrontierRow
 from dpbench.app.max_batch import Trial
-from dpbench.profile import frontier_table
+from dpbench.capacity import frontier_table
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = "grape,nonprivate,vanilla,materialized"
@@ -109,7 +109,7 @@ def default_run(out: Path, deadline: Deadline, share: float, dry_run: bool) -> d
 def frontier(out: Path, size: Size, cap_gb: float, deadline: Deadline, share: float) -> dict:
     target = out / f"frontier_{size.name or 'small'}"
     model = ["model=opt", *([f"model.size={size.name}"] if size.name else [])]
-    part = _run([sys.executable, "-m", "dpbench.profile", "frontier", *model, *TEXT, "--privatizers", METHODS,
+    part = _run([sys.executable, "-m", "dpbench.capacity", "frontier", *model, *TEXT, "--privatizers", METHODS,
                  "--cap-gb", f"{cap_gb:.2f}", "--batch", str(size.batch), "--limit", str(size.limit),
                  "--resolution", "1", "--out", str(target)], deadline.left() * share)
     record = target / "frontier.json"

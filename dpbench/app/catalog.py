@@ -1,6 +1,6 @@
 """Every name a run accepts (models, data sets, privatizers, optimizers, experiments, sweeps), where it comes from
-and its keys, composed as `python -m dpbench GROUP=NAME` composes it: what `python -m dpbench.list` prints and what
-error hints name."""
+and its keys, composed as `python -m dpbench GROUP=NAME` composes it: what `python -m dpbench.components` prints and
+what error hints name."""
 
 from __future__ import annotations
 

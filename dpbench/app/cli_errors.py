@@ -109,7 +109,7 @@ def unknown_key(full_key: str, keys: list[str], component: str | None, argv: lis
 
 
 def components_taking(group: str, key: str, argv: list[str]) -> list[str]:
-    """The options of a group (presets apart) whose config has `key`, as `python -m dpbench.list` lists them."""
+    """The options of a group (presets apart) whose config has `key`, as `python -m dpbench.components` lists them."""
     from hydra._internal.utils import get_args_parser
     from hydra.core.global_hydra import GlobalHydra
 

@@ -4,8 +4,8 @@
 ordinary dpbench run, skipped when its outcome is recorded) and writes docs/leaderboard.md from the cells.
 """
 
+from dpbench.leaderboard.cell_order import Scheduler
 from dpbench.leaderboard.report import build
-from dpbench.leaderboard.schedule import Scheduler
 from dpbench.leaderboard.suite import Suite, load_suite
 
 __all__ = ["Scheduler", "Suite", "build", "load_suite"]

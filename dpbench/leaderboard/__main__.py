@@ -15,6 +15,7 @@ from pathlib import Path
 import yaml
 
 from dpbench.core.errors import ConfigurationError
+from dpbench.leaderboard.cell_order import Scheduler
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, LAUNCHER_NAMES, make_launcher
 from dpbench.leaderboard.private_tuning import (
     DEFAULT_SCORE_NOISE,
@@ -29,7 +30,6 @@ from dpbench.leaderboard.recost import rewrite as rewrite_costs_section
 from dpbench.leaderboard.remaining import remaining
 from dpbench.leaderboard.report import build, record_invocation
 from dpbench.leaderboard.scale import rewrite as rewrite_scale_section
-from dpbench.leaderboard.schedule import Scheduler
 from dpbench.leaderboard.suite import Suite, load_suite
 from dpbench.privacy.tuning import TrialCount
 

@@ -1,6 +1,6 @@
 """The leaderboard's "claims at scale" section: GRAPE's memory claim where its paper makes it (100M+ parameters),
 generated from frontier records committed under docs/leaderboard/frontier/NAME/ (written by `python -m
-dpbench.profile frontier ... --out docs/leaderboard/frontier/NAME`), each beside what the paper's text states.
+dpbench.capacity frontier ... --out docs/leaderboard/frontier/NAME`), each beside what the paper's text states.
 `python -m dpbench.leaderboard` writes it with the rest; `--scale-only` rewrites it alone.
 
 On CPU a process's peak includes the interpreter (Python, torch), which no method can save, so the ratios compare
@@ -208,7 +208,7 @@ def scale_section(frontier_dir: Path) -> list[str]:
         return []
     lines = [SECTION_TITLE, "",
              "Peak memory and speed of each method on published model shapes (random weights, built from config), "
-             "from `python -m dpbench.profile frontier`: every trial a fresh process under the cap, the largest batch "
+             "from `python -m dpbench.capacity frontier`: every trial a fresh process under the cap, the largest batch "
              "found by doubling from the fixed batch. CPU peaks are the process's VmHWM (interpreter included in the "
              "table, left out of the ratios); CUDA peaks are max_memory_reserved.", ""]
     for path in records:

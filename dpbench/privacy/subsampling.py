@@ -1,5 +1,5 @@
 """Poisson subsampling of a dominating pair, P vs Q -> q P + (1 - q) Q vs Q (prv-accountant's "remove"
-convention): the pieces that the subsampled PRVs (mixture.py, selection.py) share."""
+convention): the pieces that the subsampled PRVs (mixture.py, sparse_step_accounting.py) share."""
 
 from __future__ import annotations
 

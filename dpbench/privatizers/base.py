@@ -22,7 +22,7 @@ from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussia
 from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
 from dpbench.privatizers import distributed
 from dpbench.privatizers.per_sample import trainable_parameters
-from dpbench.privatizers.per_sample.schedule import CheckSchedule
+from dpbench.privatizers.per_sample.check_schedule import CheckSchedule
 
 
 @dataclass

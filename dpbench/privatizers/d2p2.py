@@ -12,7 +12,7 @@ Accounting that holds for this code (see docs/d2p2-accounting.md): projecting *b
 sensitivity in the projected space random, ||A^T c|| / sqrt(p) = ||c|| sqrt(chi2_p / p) <= C sqrt(chi2_p / p), so a
 step is the Poisson-subsampled Gaussian mixture over that chi-square law (SubsampledGaussianMixture, df = p,
 exponent -1). With clip_after_projection the projected per-sample gradients are clipped instead, the sensitivity
-is C, and a step is the plain subsampled Gaussian. The schedule is composed in buckets (dpbench.privacy.schedule).
+is C, and a step is the plain subsampled Gaussian. The schedule is composed in buckets (dpbench.privacy.noise_schedule).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ from dpbench.core.errors import ConfigurationError
 from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussian
 from dpbench.privacy.mixture import SubsampledGaussianMixture
-from dpbench.privacy.schedule import NoiseSchedule
+from dpbench.privacy.noise_schedule import NoiseSchedule
 from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import automatic_clip_factors, clipping_stats
 from dpbench.privatizers.gaussian_projection import GaussianProjection

@@ -18,11 +18,11 @@ Until 2026-11-27 the first direction rode on the graph pass as a dual forward; t
 step on the CNN (eager) and the ViT (compiled) and within the spread on the ViT (eager; one thread, BENCHMARKS.md).
 Recurrent models' graph forward runs the fused LSTM kernels (oneDNN, cuDNN), which have no forward-mode AD, and
 records each nn.LSTM call; in the jvp pass every nn.LSTM reuses its recorded result as the primal and gets its tangents
-from a linearised recurrence shared by the r directions (dpbench.privatizers.per_sample.lstm_tangent), and an output
-sequence the loss never reads gets no tangent at all; other RNNs run their non-fused kernels in that pass.
+from a linearised recurrence shared by the r directions (dpbench.privatizers.per_sample.forward_mode.lstm), and an
+output sequence the loss never reads gets no tangent at all; other RNNs run their non-fused kernels in that pass.
 Random ops such as dropout replay the same stream in both passes, max-pooling in the graph-free passes gathers at
-the graph pass's argmax instead of pooling again (dpbench.privatizers.per_sample.pool_tangent), and convolutions,
-linear layers, LayerNorm and GELU take dpbench's own forward-mode rules (per_sample.tangent_rules), which get the r
+the graph pass's argmax instead of pooling again (dpbench.privatizers.per_sample.forward_mode.pool), and convolutions,
+linear layers, LayerNorm and GELU take dpbench's own forward-mode rules (per_sample.forward_mode.rules), which get the r
 directions' tangents at once: the ViT's JL step at batch 500 took 1,590 against 1,830 ms with them (one thread, CPU).
 """
 
@@ -52,16 +52,16 @@ from dpbench.privacy.randomness import PrivateStream
 from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clip_factors, clipping_stats
 from dpbench.privatizers.per_sample import PerSampleMismatch, refuse_sample_mixing_layers, trainable_parameters
-from dpbench.privatizers.per_sample.compiled_tangents import CompiledTangents
 from dpbench.privatizers.per_sample.construction import require_fast_path
-from dpbench.privatizers.per_sample.lstm_tangent import (
+from dpbench.privatizers.per_sample.forward_mode.compiled import CompiledTangents
+from dpbench.privatizers.per_sample.forward_mode.lstm import (
     Recorded,
     jvp_lstm_forward,
     mark_unread_outputs,
     record_call,
 )
-from dpbench.privatizers.per_sample.pool_tangent import gathering_pools, recording_pools
-from dpbench.privatizers.per_sample.tangent_rules import tangent_rules
+from dpbench.privatizers.per_sample.forward_mode.pool import gathering_pools, recording_pools
+from dpbench.privatizers.per_sample.forward_mode.rules import tangent_rules
 from dpbench.privatizers.per_sample.verify import (
     Deviation,
     as_trained_without_dropout,
@@ -92,7 +92,7 @@ class JLConfig:
     forward pass's activations (1: memory close to non-private training); null: all of them, or as many as half the
     free memory (the CUDA device's, else the host's) holds, judged from the graph pass's saved activations."""
     compile: bool = False
-    """torch.compile the graph-free directions (per_sample/compiled_tangents.py; functorch's rules, not dpbench's
+    """torch.compile the graph-free directions (per_sample/forward_mode/compiled.py; functorch's rules, not dpbench's
     own). It pays a little on the ViT and loses on the CNN: JL r = 10 steps of the ViT at batch 500 took 1,501
     against 1,595 ms eager, of the CNN at batch 256 327 against 150 ms (one thread, CPU, 2026-11-27). Each padded
     batch size compiles once (about 45 s for that ViT on CPU). Refused for recurrent models and for models that draw

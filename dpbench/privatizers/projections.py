@@ -26,6 +26,7 @@ from torch import Tensor, nn
 from dpbench.core.errors import ConfigurationError
 from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privacy.randomness import PrivacyRandomness
+from dpbench.privatizers.per_sample.check_schedule import CheckSchedule
 from dpbench.privatizers.per_sample.hooks import Call, HookEngine
 from dpbench.privatizers.per_sample.layers import (
     SiteMap,
@@ -34,7 +35,6 @@ from dpbench.privatizers.per_sample.layers import (
     matrix_factors,
     outer_product_site,
 )
-from dpbench.privatizers.per_sample.schedule import CheckSchedule
 from dpbench.privatizers.per_sample.sites import DenseSite
 
 

@@ -25,12 +25,12 @@ from torch.optim import Optimizer
 from dpbench.core.errors import ConfigurationError
 from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussian
-from dpbench.privacy.selection import SubsampledSelectionGaussian, theorem3_bound
+from dpbench.privacy.sparse_step_accounting import SubsampledSelectionGaussian, theorem3_bound
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clipping_stats
+from dpbench.privatizers.coordinate_selection import exponential_top_k, sparse_vector, uniform_untouched
 from dpbench.privatizers.per_sample import HookEngine, trainable_parameters
 from dpbench.privatizers.per_sample.sites import EmbeddingSite
-from dpbench.privatizers.selection import exponential_top_k, sparse_vector, uniform_untouched
 
 SELECTIONS = ("exponential", "svt", "random")
 

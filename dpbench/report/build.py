@@ -19,7 +19,7 @@ def _footprint(row: dict[str, Any]) -> str:
 
 
 def max_batch_markdown(directories: list[Path]) -> str:
-    """Table of `python -m dpbench.profile max_batch` results found under the directories."""
+    """Table of `python -m dpbench.capacity max_batch` results found under the directories."""
     rows = []
     for directory in directories:
         for path in sorted(Path(directory).rglob("max_batch.json")):

@@ -1,5 +1,5 @@
-"""`python -m dpbench.list`: every name a run accepts (built-in, preset, plugin, the user's `_target_`) with the keys
-and defaults `GROUP.KEY=VALUE` works on, so a user need not read conf/ or the dataclasses to find them."""
+"""`python -m dpbench.components`: every name a run accepts (built-in, preset, plugin, the user's `_target_`) with the
+keys and defaults `GROUP.KEY=VALUE` works on, so a user need not read conf/ or the dataclasses to find them."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from dpbench.list import main
+from dpbench.components import main
 from tests.cli import ROOT
 
 EXAMPLES = ROOT / "examples"
@@ -39,7 +39,7 @@ def test_every_group_from_any_directory_with_plugins_presets_and_your_own_config
                        "broken_clip = no_such_module:Clip\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), str(EXAMPLES)]), "WANDB_MODE": "disabled",
            "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    out = subprocess.run([sys.executable, "-m", "dpbench.list", "--config-dir", str(EXAMPLES / "conf")],
+    out = subprocess.run([sys.executable, "-m", "dpbench.components", "--config-dir", str(EXAMPLES / "conf")],
                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     text = out.stdout

@@ -12,11 +12,11 @@ import pytest
 from dpbench.core.errors import ConfigurationError
 from dpbench.core.results import write_json_atomic
 from dpbench.leaderboard import Scheduler, build, load_suite
+from dpbench.leaderboard.cell_order import choose
 from dpbench.leaderboard.cells import STOPPED_REASON, Cell, read_outcome, run_cell
 from dpbench.leaderboard.claims import fmt_value
 from dpbench.leaderboard.launch import LAUNCHERS
 from dpbench.leaderboard.plots import pareto
-from dpbench.leaderboard.schedule import choose
 from dpbench.leaderboard.trial_cells import start_grid
 
 TINY = """
@@ -391,7 +391,7 @@ def test_every_cell_of_the_shipped_suite_composes_into_a_valid_config(profile):
     from dpbench.cli import config_dir
     from dpbench.core.config import Config, register_schemas, validated
     from dpbench.data import DATASETS
-    from dpbench.leaderboard.schedule import cell_for
+    from dpbench.leaderboard.cell_order import cell_for
     from dpbench.models import MODELS
     from dpbench.privatizers import STRATEGIES
 

@@ -1,5 +1,5 @@
 """The "claims at scale" section: DP-GRAPE's memory against the paper's baseline, judged only at the paper's scale,
-from frontier records as `python -m dpbench.profile frontier` writes them."""
+from frontier records as `python -m dpbench.capacity frontier` writes them."""
 
 import json
 from dataclasses import asdict

@@ -12,7 +12,7 @@ from torch.utils.data import DataLoader
 
 from dpbench.app import run
 from dpbench.audit.canary_run import audit_config
-from dpbench.audit.one_run import one_run_audit
+from dpbench.audit.one_run_audit import one_run_audit
 from dpbench.audit.one_run_bound import epsilon_lower_bound, p_value
 from dpbench.data import identity_collate
 from dpbench.privatizers import STRATEGIES

@@ -9,7 +9,7 @@ from dpbench.core.errors import ConfigurationError, UnsupportedModelError
 from dpbench.core.tasks import ClassificationTask
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
-from dpbench.privatizers.per_sample.compiled_tangents import PADDED_SIZES, pad_batch, padded_size
+from dpbench.privatizers.per_sample.forward_mode.compiled import PADDED_SIZES, pad_batch, padded_size
 from tests.cli import FAST, dpbench, results
 from tests.models import CASES, sequence_batch
 from tests.privatizers.test_jl import DropoutMLP, small_lstm

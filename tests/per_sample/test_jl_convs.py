@@ -1,4 +1,4 @@
-"""JL's graph-free passes run convolutions by their own forward-mode rule (conv_tangent.py): in float64 the
+"""JL's graph-free passes run convolutions by their own forward-mode rule (forward_mode/conv.py): in float64 the
 projections are <grad loss_i, v_j> of a per-example loop, and equal those of functorch's rule for every kind of
 convolution, in vmapped chunks and in the one-direction dual pass."""
 
@@ -7,7 +7,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from dpbench.privatizers.per_sample import tangent_rules
+from dpbench.privatizers.per_sample.forward_mode import rules
 from tests.jl_projections import projections, projections_and_reference
 
 pytestmark = pytest.mark.models_as_built
@@ -60,7 +60,7 @@ def test_projections_are_the_per_example_gradients_along_the_directions(name, ch
     torch.testing.assert_close(projected, reference, rtol=1e-10, atol=1e-12)
     with monkeypatch.context() as patch:
         for convolution in (nn.Conv1d, nn.Conv2d, nn.Conv3d):
-            patch.delitem(tangent_rules.MODULE_RULES, convolution)
+            patch.delitem(rules.MODULE_RULES, convolution)
         torch.testing.assert_close(projected, projections(model, batch, chunk_size), rtol=1e-12, atol=1e-13)
 
 

@@ -1,4 +1,4 @@
-"""JL's graph-free passes take max-pooling from the graph pass's argmax (pool_tangent.py): the projections equal
+"""JL's graph-free passes take max-pooling from the graph pass's argmax (forward_mode/pool.py): the projections equal
 those of pooling again, in float64, for every max-pooling module and option, and a call that does not match its
 record pools as usual."""
 
@@ -10,7 +10,7 @@ from torch import nn
 
 from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers import jl as jl_module
-from dpbench.privatizers.per_sample import pool_tangent
+from dpbench.privatizers.per_sample.forward_mode import pool as pool_rule
 from tests.privatizers.test_jl import jl
 
 pytestmark = pytest.mark.models_as_built
@@ -70,13 +70,13 @@ def test_projections_equal_those_of_pooling_again(name, twice, monkeypatch):
         patch.setattr(jl_module, "recording_pools", nothing_recorded)
         expected_losses, expected = _projections(model, batch)
     pooled = []
-    original = pool_tangent._pool
+    original = pool_rule._pool
 
     def counting(module, inputs, with_indices):
         pooled.append(with_indices)
         return original(module, inputs, with_indices)
 
-    monkeypatch.setattr(pool_tangent, "_pool", counting)
+    monkeypatch.setattr(pool_rule, "_pool", counting)
     losses, projected = _projections(model, batch)
     torch.testing.assert_close(losses, expected_losses, rtol=0, atol=0)
     torch.testing.assert_close(projected, expected, rtol=1e-12, atol=1e-12)
@@ -88,7 +88,7 @@ def test_a_call_that_does_not_match_its_record_pools_again():
     module = nn.MaxPool2d(2, 1)
     recorded = torch.randn(3, 2, 6, 6, dtype=torch.float64)
     _, indices = nn.functional.max_pool2d(recorded, 2, 1, return_indices=True)
-    pools = pool_tangent.GatheringPools({module: [((3, 2, 6, 6), indices)]})
+    pools = pool_rule.GatheringPools({module: [((3, 2, 6, 6), indices)]})
     same = torch.randn(3, 2, 6, 6, dtype=torch.float64)
     torch.testing.assert_close(pools.forward(module, same), same.flatten(2).gather(2, indices.flatten(2)).view(
         indices.shape))
@@ -103,6 +103,6 @@ def test_a_call_that_does_not_match_its_record_pools_again():
 def test_a_pool_that_returns_its_indices_is_left_alone():
     model = PoolingNet(nn.MaxPool2d(2, 1), 2)
     model.pool.return_indices = True
-    with pool_tangent.recording_pools(model) as records:
+    with pool_rule.recording_pools(model) as records:
         assert records == {}
         assert "forward" not in vars(model.pool)

@@ -1,5 +1,5 @@
-"""JL's graph-free passes run linear layers, LayerNorm and GELU by their own forward-mode rules (linear_tangent.py,
-pointwise_tangent.py): in float64 the projections are <grad loss_i, v_j> of a per-example loop, and equal those of
+"""JL's graph-free passes run linear layers, LayerNorm and GELU by their own forward-mode rules (forward_mode/linear.py,
+forward_mode/pointwise.py): in float64 the projections are <grad loss_i, v_j> of a per-example loop, and equal those of
 functorch's rules, for every arrangement of trainable and frozen parameters, in vmapped chunks and in the
 one-direction dual pass."""
 
@@ -11,8 +11,9 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpbench.privatizers import jl as jl_module
-from dpbench.privatizers.per_sample import linear_tangent, pointwise_tangent
-from dpbench.privatizers.per_sample.tangent_rules import tangent_rules
+from dpbench.privatizers.per_sample.forward_mode import linear as linear_rule
+from dpbench.privatizers.per_sample.forward_mode import pointwise as pointwise_rule
+from dpbench.privatizers.per_sample.forward_mode.rules import tangent_rules
 from tests.jl_projections import projections, projections_and_reference
 
 pytestmark = pytest.mark.models_as_built
@@ -109,8 +110,8 @@ def test_inputs_without_a_token_dimension():
 def test_the_vmapped_chunk_takes_each_rule_once_per_layer(monkeypatch):
     """The rules' own vmap paths run (not functorch's fallback): once per linear layer, LayerNorm and GELU call."""
     calls = []
-    for owner, name in [(linear_tangent._LinearTangents, "vmap"), (pointwise_tangent._LayerNormTangents, "vmap"),
-                        (pointwise_tangent._GeluTangents, "vmap")]:
+    for owner, name in [(linear_rule._LinearTangents, "vmap"), (pointwise_rule._LayerNormTangents, "vmap"),
+                        (pointwise_rule._GeluTangents, "vmap")]:
         original = getattr(owner, name)
 
         def counting(*args, original=original, owner=owner):

@@ -9,9 +9,9 @@ import torch.autograd.forward_ad as fwad
 from torch import nn
 from torch.func import functional_call, jvp, vmap
 
-import dpbench.privatizers.per_sample.lstm_tangent as rule
+import dpbench.privatizers.per_sample.forward_mode.lstm as rule
 from dpbench.core.errors import UnsupportedModelError
-from dpbench.privatizers.per_sample.lstm_tangent import jvp_lstm_forward, mark_unread_outputs, record_call
+from dpbench.privatizers.per_sample.forward_mode.lstm import jvp_lstm_forward, mark_unread_outputs, record_call
 
 LAYOUTS = [  # bidirectional, num_layers, batch_first, bias
     (True, 1, True, True),

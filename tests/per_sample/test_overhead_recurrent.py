@@ -1,5 +1,5 @@
 """Issue 26: the hook engine's recurrent layers take their gate gradients from the step's one backward
-(gate_recurrence.py), exactly: against a per-example loop and against autograd through the written-out recurrence,
+(rnn_gate_forward.py), exactly: against a per-example loop and against autograd through the written-out recurrence,
 in float64, with the second pass over the recurrence made impossible."""
 
 import pytest
@@ -7,9 +7,9 @@ import torch
 from torch import nn
 
 from dpbench.core.errors import UnsupportedModelError
-from dpbench.privatizers.per_sample import HookEngine, recurrent
-from dpbench.privatizers.per_sample.gate_recurrence import Recurrence
-from dpbench.privatizers.per_sample.recurrence import LayerWeights, run_layer
+from dpbench.privatizers.per_sample import HookEngine, rnn_recompute
+from dpbench.privatizers.per_sample.rnn_gate_forward import Recurrence
+from dpbench.privatizers.per_sample.rnn_unrolled import LayerWeights, run_layer
 from tests.per_sample.test_recurrent_rules import CONFIGURATIONS, KINDS, TASK, _name, model_and_batches
 from tests.per_sample_reference import assert_matches_loop, loop_gradients, loop_norms
 
@@ -24,7 +24,7 @@ def no_second_pass(monkeypatch):
     def refuse(*args, **kwargs):
         raise AssertionError("the recurrence was run a second time")
 
-    monkeypatch.setattr(recurrent, "run_layer", refuse)
+    monkeypatch.setattr(rnn_recompute, "run_layer", refuse)
 
 
 @pytest.mark.parametrize("options", CONFIGURATIONS, ids=_name)

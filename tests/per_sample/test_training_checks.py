@@ -21,7 +21,7 @@ from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import PerSampleMismatch
-from dpbench.privatizers.per_sample.schedule import CheckSchedule
+from dpbench.privatizers.per_sample.check_schedule import CheckSchedule
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
 from tests.checked_models import (

@@ -10,8 +10,8 @@ from omegaconf import OmegaConf
 from dpbench.core.config import PrivacyConfig
 from dpbench.privacy import PrivacyAccountant, PrivacyLedger, SubsampledGaussian
 from dpbench.privacy.mixture import SubsampledGaussianMixture
+from dpbench.privacy.noise_schedule import NoiseSchedule
 from dpbench.privacy.randomness import PrivacyRandomness
-from dpbench.privacy.schedule import NoiseSchedule
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.privacy_plan import make_plan
 

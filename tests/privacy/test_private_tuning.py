@@ -12,7 +12,7 @@ from dpbench.privacy.mechanisms import SubsampledGaussian
 from dpbench.privacy.mixture import SubsampledGaussianMixture
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privacy.rdp_curve import CurveRdpAccountant, curve_event
-from dpbench.privacy.selection import SubsampledSelectionGaussian
+from dpbench.privacy.sparse_step_accounting import SubsampledSelectionGaussian
 from dpbench.privacy.tuning import ORDERS as TUNING_ORDERS
 from dpbench.privacy.tuning import TrialCount, subsampled_gaussian_run, tuning_epsilon
 from dpbench.privacy.tuning_draws import draw_trial_count, noisy_score

@@ -11,10 +11,14 @@ from scipy import integrate, optimize, stats
 from scipy.special import ndtr
 
 from dpbench.models.word2vec import Word2Vec
-from dpbench.privacy import selection
+from dpbench.privacy import sparse_step_accounting
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.randomness import PrivacyRandomness
-from dpbench.privacy.selection import SubsampledSelectionGaussian, SubsampledSelectionGaussianPRV, theorem3_bound
+from dpbench.privacy.sparse_step_accounting import (
+    SubsampledSelectionGaussian,
+    SubsampledSelectionGaussianPRV,
+    theorem3_bound,
+)
 from dpbench.privatizers import PrivacySettings, make_strategy
 
 ACCOUNTANT = PrivacyAccountant(eps_error=0.01)
@@ -171,8 +175,8 @@ def test_blocks_of_any_size_give_the_epsilon_of_the_unblocked_cdf_in_bounded_mem
     accountant = PrivacyAccountant(eps_error=0.1)
     reference = accountant.epsilon([(_AtomByAtom(**vars(WORD2VEC_SPARSE)), steps)], delta)
     row = 8 * WORD2VEC_SPARSE.prv().atoms.size
-    for scratch_bytes in (1, 37 * row + 5, selection.SCRATCH_BYTES):
-        monkeypatch.setattr(selection, "SCRATCH_BYTES", scratch_bytes)
+    for scratch_bytes in (1, 37 * row + 5, sparse_step_accounting.SCRATCH_BYTES):
+        monkeypatch.setattr(sparse_step_accounting, "SCRATCH_BYTES", scratch_bytes)
         tracemalloc.start()
         try:
             report = accountant.epsilon([(WORD2VEC_SPARSE, steps)], delta)
@@ -198,5 +202,5 @@ def test_the_cdf_scratch_is_bounded_by_bytes_not_by_points_times_atoms():
     finally:
         tracemalloc.stop()
     np.testing.assert_allclose(values, expected, rtol=0, atol=1e-13)
-    assert peak <= 2 * selection.SCRATCH_BYTES + 16 * t.nbytes, f"{peak / 2**20:.1f} MB"
-    assert prv.atoms.size * t.nbytes > 30 * selection.SCRATCH_BYTES  # what the blocks save here
+    assert peak <= 2 * sparse_step_accounting.SCRATCH_BYTES + 16 * t.nbytes, f"{peak / 2**20:.1f} MB"
+    assert prv.atoms.size * t.nbytes > 30 * sparse_step_accounting.SCRATCH_BYTES  # what the blocks save here

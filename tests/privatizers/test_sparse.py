@@ -16,7 +16,7 @@ from dpbench.privacy.mechanisms import SubsampledGaussian
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
-from dpbench.privatizers.selection import exponential_top_k, sparse_vector, uniform_untouched
+from dpbench.privatizers.coordinate_selection import exponential_top_k, sparse_vector, uniform_untouched
 from tests.architectures.test_word2vec import w2v_batch
 
 pytestmark = pytest.mark.models_as_built

@@ -1,4 +1,4 @@
-"""The memory/throughput frontier (`python -m dpbench.profile frontier`): the search's OOM-at-batch-1 rule, a trial
+"""The memory/throughput frontier (`python -m dpbench.capacity frontier`): the search's OOM-at-batch-1 rule, a trial
 that outgrows its cap failing inside its own process, and the command end to end with its record and figure."""
 
 import json
@@ -69,7 +69,7 @@ def test_a_cpu_trial_cannot_allocate_far_past_its_cap():
 def test_the_frontier_command_records_every_method_and_draws_them(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     run = subprocess.run(
-        [sys.executable, "-m", "dpbench.profile", "frontier", *TINY, "--privatizers", "nonprivate,materialized,grape",
+        [sys.executable, "-m", "dpbench.capacity", "frontier", *TINY, "--privatizers", "nonprivate,materialized,grape",
          "--cap-gb", "4", "--batch", "4", "--limit", "8", "--resolution", "1", "--steps", "3", "--out",
          str(tmp_path), "optimizer=sgd"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0, run.stderr[-3000:]

@@ -83,12 +83,12 @@ def test_a_trial_prepares_what_the_run_fixes_before_its_first_step(privatizer):
 def test_a_cap_below_the_interpreter_is_an_error_naming_the_footprint(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     run = subprocess.run(
-        [sys.executable, "-m", "dpbench.profile", "max_batch", "--cap-mb", "50", "--privatizers", "vanilla",
+        [sys.executable, "-m", "dpbench.capacity", "max_batch", "--cap-mb", "50", "--privatizers", "vanilla",
          "--out", str(tmp_path), *TINY], cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 2 and "Traceback" not in run.stderr, run.stderr[-3000:]
     line = run.stderr.strip().splitlines()[-1]
     needed = float(re.search(r"about (\d+) MB", line).group(1))
-    assert line.startswith("dpbench.profile: error: --cap-mb 50 is below") and needed > 100
+    assert line.startswith("dpbench.capacity: error: --cap-mb 50 is below") and needed > 100
     assert not (tmp_path / "max_batch.json").exists()  # no "max batch 0" on record
 
 

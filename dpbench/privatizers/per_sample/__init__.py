@@ -7,9 +7,9 @@ from torch import nn
 from dpbench.core.errors import ConfigurationError
 from dpbench.privatizers.per_sample.auto import AutoEngine
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
+from dpbench.privatizers.per_sample.check_schedule import CheckSchedule
 from dpbench.privatizers.per_sample.functorch import FunctorchEngine
 from dpbench.privatizers.per_sample.hooks import HookEngine, MaterializedEngine, PerSampleMismatch
-from dpbench.privatizers.per_sample.schedule import CheckSchedule
 
 PerSampleEngine = HookEngine | AutoEngine
 

@@ -23,10 +23,10 @@ from dpbench.core.errors import UnsupportedModelError
 from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, trainable_parameters
+from dpbench.privatizers.per_sample.check_schedule import CheckSchedule
 from dpbench.privatizers.per_sample.construction import VMAP, fast_path_refusal
 from dpbench.privatizers.per_sample.functorch import FunctorchEngine
 from dpbench.privatizers.per_sample.hooks import HookEngine, PerSampleMismatch, unsupported_modules
-from dpbench.privatizers.per_sample.schedule import CheckSchedule
 from dpbench.privatizers.per_sample.verify import (
     as_trained_without_dropout,
     describe,

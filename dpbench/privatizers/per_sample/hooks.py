@@ -7,8 +7,8 @@ Face layers named in layers.NAMED_HANDLERS (Conv1D, ViT embeddings, OPT position
 
 It fails closed. An output is differentiated at the graph edge it had when recorded, so an in-place op on it
 (nn.ReLU(inplace=True), a residual `out += x`) changes nothing; a recorded input changed in place is refused. Before
-its first step, and again during training (schedule.py), the engine compares a few samples' per-sample gradients of
-the step's batch (in training mode, dropout off) with per-example backward passes (verify.py), and the training step
+its first step, and again during training (check_schedule.py), the engine compares a few samples' per-sample gradients
+of the step's batch (in training mode, dropout off) with per-example backward passes (verify.py), and the training step
 after a check checks that every parameter getting a gradient was seen by a hook: the hooks' assumptions (sample-major
 inputs, parameters used inside their module's call only, no mixing of samples) are checked rather than trusted.
 """
@@ -33,13 +33,13 @@ from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privatizers import distributed
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
+from dpbench.privatizers.per_sample.check_schedule import CheckSchedule
 from dpbench.privatizers.per_sample.construction import PROVEN, require_fast_path
-from dpbench.privatizers.per_sample.gate_recurrence import GateRecord, gate_forward
 from dpbench.privatizers.per_sample.layers import SiteMap, handler_for, input_for
 from dpbench.privatizers.per_sample.norms import group_norm_sq, total_norm_sq
-from dpbench.privatizers.per_sample.recurrence import RECURRENT_LAYERS
-from dpbench.privatizers.per_sample.recurrent import refuse_unsupported_call
-from dpbench.privatizers.per_sample.schedule import CheckSchedule
+from dpbench.privatizers.per_sample.rnn_gate_forward import GateRecord, gate_forward
+from dpbench.privatizers.per_sample.rnn_recompute import refuse_unsupported_call
+from dpbench.privatizers.per_sample.rnn_unrolled import RECURRENT_LAYERS
 from dpbench.privatizers.per_sample.sites import Site
 from dpbench.privatizers.per_sample.verify import (
     Deviation,
@@ -175,7 +175,7 @@ class HookEngine:
             handle.remove()
 
     def _forward(self, task: Task, batch: Batch) -> Tensor:
-        """The recorded forward; recurrent layers run gate_recurrence's recurrence (unless a forward is already set
+        """The recorded forward; recurrent layers run rnn_gate_forward's recurrence (unless a forward is already set
         on the module), so that their gate gradients come from the step's one backward."""
         self._calls, self._gates = [], {}
         self._recording = True

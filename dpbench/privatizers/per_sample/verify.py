@@ -1,5 +1,5 @@
 """A check of an engine's per-sample gradients against per-example backward passes, before the first step and during
-training (schedule.py says when).
+training (check_schedule.py says when).
 
 Module hooks assume what they cannot see: that a parameter is used inside its module's call only, that a layer's
 input is sample-major, that a module's forward is its type's, that no layer mixes the samples of a batch. Rather than

@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from torch import nn
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
-from dpbench.privatizers.per_sample.recurrence import RECURRENT_LAYERS, recurrent_forward
+from dpbench.privatizers.per_sample.rnn_unrolled import RECURRENT_LAYERS, recurrent_forward
 
 MASK_BUILDERS = ("sdpa", "eager")
 """Hugging Face attention implementations whose mask builder may skip the mask on a data-dependent test."""

@@ -16,7 +16,7 @@ import functools
 import torch
 from torch import Tensor, nn
 
-from dpbench.privatizers.per_sample.tangent_batching import directions_first
+from dpbench.privatizers.per_sample.forward_mode.batching import directions_first
 
 
 def _formula(x: Tensor, weight: Tensor, dx: Tensor | None, dweight: Tensor | None, dbias: Tensor | None,
@@ -90,5 +90,5 @@ class _ConvJvp(torch.autograd.Function):
 
 
 def convolution(module: nn.Module, x: Tensor) -> Tensor:
-    """The module's forward with the rule above (tangent_rules.py switches it in)."""
+    """The module's forward with the rule above (rules.py switches it in)."""
     return _ConvJvp.apply(x, module.weight, module.bias, module)

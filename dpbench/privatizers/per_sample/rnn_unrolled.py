@@ -2,8 +2,9 @@
 
 The fused kernels (oneDNN, cuDNN) hide their gate activations and have no batching rule: vmap loops over them per
 sample, and the native kernel writes in place into an unbatched state, which vmap refuses. Written out, the same
-recurrence serves the hook rules (recurrent.py back-propagates recorded output gradients to the gate pre-activations)
-and the functorch engine (which runs `recurrent_forward` under vmap instead of the kernel). PyTorch's gate layouts:
+recurrence serves the hook rules (rnn_recompute.py back-propagates recorded output gradients to the gate
+pre-activations) and the functorch engine (which runs `recurrent_forward` under vmap instead of the kernel).
+PyTorch's gate layouts:
     RNN:  h' = act(W_ih x + b_ih + W_hh h + b_hh)
     GRU:  r, z = sigmoid(W_i. x + b_i. + W_h. h + b_h.),  n = tanh(W_in x + b_in + r * (W_hn h + b_hn)),
           h' = (1 - z) n + z h

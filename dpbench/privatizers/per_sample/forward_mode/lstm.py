@@ -22,8 +22,8 @@ from torch import Tensor, nn
 
 from dpbench.core.errors import UnsupportedModelError
 from dpbench.privatizers.per_sample.base import graph_nodes
-from dpbench.privatizers.per_sample.recurrent import check_recomputable, stacked_layer_weights
-from dpbench.privatizers.per_sample.tangent_batching import directions_first
+from dpbench.privatizers.per_sample.forward_mode.batching import directions_first
+from dpbench.privatizers.per_sample.rnn_recompute import check_recomputable, stacked_layer_weights
 
 TIME_CHUNK = 16
 """Time steps whose gates and tangent inputs are held at once."""

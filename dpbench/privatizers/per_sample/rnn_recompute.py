@@ -2,7 +2,7 @@
 over the fused kernels).
 
 The fused kernels hide their gate activations, so the rule re-runs the recurrence from the recorded input
-(recurrence.py: all directions of a layer at once, one batched matmul per time step) and back-propagates the recorded
+(rnn_unrolled.py: all directions of a layer at once, one batched matmul per time step) and back-propagates the recorded
 output gradients to the input gates dG_t = d(W_ih x_t + b). Every weight is then an outer-product site:
     weight_ih: sum_t dG_t x_t^T,  bias_ih: sum_t dG_t,  weight_hh: sum_t dH_t h_{t-1}^T,  bias_hh: sum_t dH_t,
 where dH_t = dG_t for RNN and LSTM (their biases act as one sum) and, for GRU, dG_t on the r and z gates but
@@ -17,9 +17,9 @@ import torch
 from torch import Tensor, nn
 
 from dpbench.core.errors import UnsupportedModelError
-from dpbench.privatizers.per_sample.gate_recurrence import GateRecord
 from dpbench.privatizers.per_sample.layers import LAYER_HANDLERS, SiteMap, outer_product_site
-from dpbench.privatizers.per_sample.recurrence import (
+from dpbench.privatizers.per_sample.rnn_gate_forward import GateRecord
+from dpbench.privatizers.per_sample.rnn_unrolled import (
     RECURRENT_LAYERS,
     LayerWeights,
     directional_inputs,
@@ -75,7 +75,7 @@ def _hidden_gate_grads(mode: str, gate_grads: Tensor, resets: Tensor | None) -> 
 
 def recurrent_sites(module: nn.RNNBase, x: Tensor | GateRecord, g, dense: bool) -> SiteMap:
     """g is the gradient of the layer's whole output: (output, h_n), or (output, (h_n, c_n)) for the LSTM; or, after
-    gate_recurrence's forward (x a GateRecord), the gradients of each layer's input gates."""
+    rnn_gate_forward's forward (x a GateRecord), the gradients of each layer's input gates."""
     if isinstance(x, GateRecord):
         layers = zip(range(module.num_layers), x.inputs, x.previous, x.resets, strict=True)
         return _gate_sites(module, layers, g, dense)

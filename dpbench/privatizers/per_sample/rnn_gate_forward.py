@@ -5,7 +5,7 @@ While the hook engine records a forward, each eligible recurrent layer runs `gat
 G = W_ih x + b are formed with ordinary autograd ops and the recurrence runs in `Recurrence`, an autograd function
 whose backward is the layer's back-propagation through time written out (one batched matmul per step). The engine
 asks the one backward it already runs for dL/dG at G, and forms every weight's sites from G's gradient and the
-states the forward kept (recurrent.py, `gate_sites`). The recurrence's backward returns no weight gradient (W_hh
+states the forward kept (rnn_recompute.py, `gate_sites`). The recurrence's backward returns no weight gradient (W_hh
 enters detached): the hook engine reads none from autograd; every per-sample gradient comes from the sites.
 What the fused kernel does and this cannot reproduce (an initial state, projections, inter-layer dropout while
 training, packed sequences, another forward set on the module) runs the kernel, and the recompute rule or its
@@ -19,7 +19,7 @@ from typing import Any, NamedTuple
 import torch
 from torch import Tensor, nn
 
-from dpbench.privatizers.per_sample.recurrence import (
+from dpbench.privatizers.per_sample.rnn_unrolled import (
     directional_inputs,
     directions,
     input_gates,

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from dpbench.privatizers.per_sample.tangent_batching import directions_first
+from dpbench.privatizers.per_sample.forward_mode.batching import directions_first
 
 
 def _normalised(x: Tensor, size: int, eps: float) -> tuple[Tensor, Tensor]:

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from dpbench.privatizers.per_sample.tangent_batching import directions_first
+from dpbench.privatizers.per_sample.forward_mode.batching import directions_first
 
 
 def _formula(x: Tensor, weight: Tensor, dx: Tensor | None, dweight: Tensor | None, dbias: Tensor | None) -> Tensor:
@@ -96,5 +96,5 @@ class _LinearJvp(torch.autograd.Function):
 
 
 def linear(module: nn.Linear, x: Tensor) -> Tensor:
-    """The module's forward with the rule above (tangent_rules.py switches it in)."""
+    """The module's forward with the rule above (rules.py switches it in)."""
     return _LinearJvp.apply(x, module.weight, module.bias)

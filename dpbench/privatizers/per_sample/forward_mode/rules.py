@@ -17,9 +17,9 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.overrides import TorchFunctionMode
 
-from dpbench.privatizers.per_sample.conv_tangent import convolution
-from dpbench.privatizers.per_sample.linear_tangent import linear
-from dpbench.privatizers.per_sample.pointwise_tangent import gelu, layer_norm
+from dpbench.privatizers.per_sample.forward_mode.conv import convolution
+from dpbench.privatizers.per_sample.forward_mode.linear import linear
+from dpbench.privatizers.per_sample.forward_mode.pointwise import gelu, layer_norm
 
 MODULE_RULES: dict[type[nn.Module], Callable[[nn.Module, Tensor], Tensor]] = {
     nn.Conv1d: convolution, nn.Conv2d: convolution, nn.Conv3d: convolution, nn.Linear: linear,
