@@ -18,13 +18,6 @@ from dpbench.app.stop_relay import RELAY
 from dpbench.core.errors import ConfigurationError, RunInterrupted
 
 
-def objective_value(results: dict) -> float | None:
-    """What sweepers optimize: the validation metric when a validation split exists, else the test metric."""
-    metric = results["test_metric"]
-    validation = results.get(f"validation_{metric}")
-    return validation if validation is not None else results.get(f"test_{metric}")
-
-
 def _objective(cfg: DictConfig) -> float | None:
     from dpbench.core.results import REFUSED_FILE
     from dpbench.training.resume import config_to_resume
@@ -44,10 +37,10 @@ def _objective(cfg: DictConfig) -> float | None:
 
         job_logging = OmegaConf.to_container(hydra_config.job_logging, resolve=True)
         run_in_fresh_process(cfg, run_dir, sweep_dir, job_logging)
-        return objective_value(read_results(run_dir))
+        return read_results(run_dir).objective
     from dpbench.app.run import run_experiment
 
-    return objective_value(run_experiment(cfg, run_dir, sweep_dir))
+    return run_experiment(cfg, run_dir, sweep_dir).objective
 
 
 def _redact_privacy_seed(hydra_config: DictConfig) -> None:

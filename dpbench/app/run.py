@@ -9,6 +9,7 @@ import secrets
 import signal
 import time
 import warnings
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,7 +28,7 @@ from dpbench.core.config import Config, check_run_settings, validated
 from dpbench.core.errors import ConfigurationError, RunInterrupted
 from dpbench.core.methods import method_label, off_paper
 from dpbench.core.redaction import SECRET, public_config
-from dpbench.core.results import RESULTS_FILE, summary_text, write_json_atomic
+from dpbench.core.results import RunResults, StoppedRun, summary_text, write_json_atomic, write_results
 from dpbench.data import load_data
 from dpbench.data.bundle import DataBundle
 from dpbench.models import MODELS, build_model
@@ -191,7 +192,7 @@ def _device_name(device: torch.device) -> str:
     return torch.cuda.get_device_name(device) if device.type == "cuda" else str(device)
 
 
-def run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None = None) -> dict[str, Any]:
+def run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None = None) -> RunResults:
     """Train, test and write results.json in run_dir; returns the results. sweep_dir: the multirun this run is a
     job of (W&B groups the sweep's runs by it)."""
     drop_lightning_console()
@@ -199,68 +200,137 @@ def run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None = None
         return _run_experiment(cfg, Path(run_dir), sweep_dir)
 
 
-def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> dict[str, Any]:
+@dataclass
+class Resumption:
+    """What the run directory already holds: a checkpoint to continue, and the results of a run that finished."""
+
+    checkpoint: Path
+    finished: RunResults | None
+    resume_from: Path | None
+    saved: SavedRun | None
+    extend: bool
+
+
+@dataclass
+class TrainingSession:
+    """The trainer of one run with the callbacks whose figures results.json reports."""
+
+    trainer: L.Trainer
+    profiler: ProfilerCallback
+    epsilon_logger: EpsilonLogger | None
+    checkpointing: PeriodicCheckpoint | None
+    signals: StopSignals
+    method: str
+
+
+@dataclass
+class Evaluation:
+    tested: dict[str, float]
+    validated: dict[str, float]
+    wall_s: float
+
+
+def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> RunResults:
     run_dir.mkdir(parents=True, exist_ok=True)
+    resumption = _resumption(cfg, run_dir)
+    if resumption.finished is not None and not resumption.checkpoint.exists():
+        return _unchanged(resumption.finished, run_dir)
+    saved, extend = resumption.saved, resumption.extend
+    prepared = prepare_run(_with_saved_noise(cfg, saved) if extend and saved.plan["private"] else cfg)
+    log.info("model=%s: %s parameters", cfg.model.name, f"{_count(prepared.model.parameters()):,}")
+    if saved is not None:
+        check_resume(saved, prepared.plan.to_dict(), public_config(cfg), extend)
+        if _ran_to_its_end(resumption, prepared):
+            return _unchanged(resumption.finished, run_dir)
+    ledger = PrivacyLedger(prepared.config.privacy.delta,
+                           PrivacyAccountant(eps_error=prepared.config.privacy.accountant_eps_error),
+                           declared_composition(prepared.strategy, prepared.plan))
+    module = _lightning_module(prepared, ledger)
+    session = _training_session(cfg, prepared, ledger, resumption, run_dir, sweep_dir)
+    evaluation = _fit_and_evaluate(session, module, prepared, ledger, resumption, cfg, run_dir)
+    results = _results(cfg, prepared, ledger, session, evaluation, resumption, run_dir)
+    if session.trainer.is_global_zero:  # the ledger is identical on every rank: rank 0 reports it once
+        _publish(results, ledger, prepared.strategy, session.trainer.loggers, run_dir)
+    return results
+
+
+def _resumption(cfg: DictConfig, run_dir: Path) -> Resumption:
     checkpoint = checkpoint_path(run_dir)
     finished = finished_results(run_dir) if resume_mode(cfg.resume) != "false" else None
     if finished is not None and not checkpoint.exists():  # trainer.checkpoint=false: it cannot have grown
-        return _unchanged(finished, run_dir)
+        return Resumption(checkpoint, finished, None, None, extend=False)
     resume_from = checkpoint_to_resume(cfg.resume, checkpoint)
     saved = read_saved_run(resume_from) if resume_from else None
-    extend = bool(cfg.get("extend_run")) and saved is not None
-    prepared = prepare_run(_with_saved_noise(cfg, saved) if extend and saved.plan["private"] else cfg)
-    typed, data, datamodule, randomness = prepared.config, prepared.data, prepared.datamodule, prepared.randomness
-    strategy, model, plan = prepared.strategy, prepared.model, prepared.plan
-    log.info("model=%s: %s parameters", cfg.model.name, f"{sum(p.numel() for p in model.parameters()):,}")
-    steps, budget_steps, sampling_rate = prepared.steps, prepared.budget_steps, plan.sampling_rate
-    if saved is not None:
-        check_resume(saved, plan.to_dict(), public_config(cfg), extend)
-        if finished is not None and saved.step is not None and saved.step >= budget_steps:
-            if saved.randomness is not None:  # a different privacy.seed or secure_rng is refused, as on any resume
-                randomness.load_state_dict(saved.randomness)
-            return _unchanged(finished, run_dir)
+    return Resumption(checkpoint, finished, resume_from, saved, bool(cfg.get("extend_run")) and saved is not None)
 
-    ledger = PrivacyLedger(typed.privacy.delta, PrivacyAccountant(eps_error=typed.privacy.accountant_eps_error),
-                           declared_composition(strategy, plan))
+
+def _ran_to_its_end(resumption: Resumption, prepared: PreparedRun) -> bool:
+    """A finished run's checkpoint at its last step: nothing to train (its privacy root is still checked)."""
+    saved = resumption.saved
+    if resumption.finished is None or saved is None or saved.step is None or saved.step < prepared.budget_steps:
+        return False
+    if saved.randomness is not None:  # a different privacy.seed or secure_rng is refused, as on any resume
+        prepared.randomness.load_state_dict(saved.randomness)
+    return True
+
+
+def _count(parameters: Iterable[nn.Parameter]) -> int:
+    return sum(p.numel() for p in parameters)
+
+
+def _lightning_module(prepared: PreparedRun, ledger: PrivacyLedger) -> DPModule:
+    typed, data, plan = prepared.config, prepared.data, prepared.plan
     if plan.private and typed.logger.train_stats:
         log.warning("logger.train_stats=true: the per-step train/* metrics come from the private batches without "
                     "noise, outside the (epsilon, delta) guarantee")
-    module = DPModule(
-        model, data.task, strategy, typed.optimizer, ledger, typed.batch_size, typed.physical_batch_size,
-        train_stats(typed, plan.private), "val" if data.validation is not None else "val_on_test",
+    return DPModule(
+        prepared.model, data.task, prepared.strategy, typed.optimizer, ledger, typed.batch_size,
+        typed.physical_batch_size, train_stats(typed, plan.private),
+        "val" if data.validation is not None else "val_on_test",
     )
 
-    tags = [strategy.name, cfg.model.name, data.name]
+
+def _training_session(cfg: DictConfig, prepared: PreparedRun, ledger: PrivacyLedger, resumption: Resumption,
+                      run_dir: Path, sweep_dir: Path | None) -> TrainingSession:
+    typed, plan, strategy, saved = prepared.config, prepared.plan, prepared.strategy, resumption.saved
     method = method_label(strategy.name, typed.optimizer.name)
     paper = off_paper(strategy.name, typed.optimizer.name)
     if paper:
         log.warning("privatizer=%s with optimizer=%s: its paper's method uses optimizer=%s; this run is labelled %s",
                     strategy.name, typed.optimizer.name, paper, method)
     profiler = ProfilerCallback(typed.profiler.warmup_steps, typed.batch_size if plan.private else None)
-    callbacks: list[L.Callback] = [profiler]
     epsilon_logger = EpsilonLogger(ledger) if plan.private else None
-    if epsilon_logger is not None:
-        callbacks.append(epsilon_logger)
     wandb_id = _wandb_id(cfg, saved)
-    checkpointing = None
     signals = StopSignals()
+    checkpointing = None
     if typed.trainer.checkpoint:
-        frozen_plan = {**plan.to_dict(), "calibrated": saved.plan["calibrated"]} if extend else plan.to_dict()
+        frozen_plan = plan.to_dict()
+        if resumption.extend:
+            frozen_plan["calibrated"] = saved.plan["calibrated"]
         checkpointing = PeriodicCheckpoint(
-            checkpoint, typed.trainer.checkpoint_every_n_steps, typed.trainer.checkpoint_every_minutes, signals,
-            {"plan": frozen_plan, "config": public_config(cfg), "wandb_id": wandb_id},
+            resumption.checkpoint, typed.trainer.checkpoint_every_n_steps, typed.trainer.checkpoint_every_minutes,
+            signals, {"plan": frozen_plan, "config": public_config(cfg), "wandb_id": wandb_id},
         )
-        callbacks.append(checkpointing)
+    callbacks = [c for c in (profiler, epsilon_logger, checkpointing) if c is not None]
+    tags = [strategy.name, cfg.model.name, prepared.data.name]
     trainer = _trainer(typed, callbacks, _loggers(cfg, run_dir, method, tags, saved, wandb_id, sweep_dir),
-                       budget_steps, run_dir)
-    saved_to = checkpoint if checkpointing else None
+                       prepared.budget_steps, run_dir)
+    return TrainingSession(trainer, profiler, epsilon_logger, checkpointing, signals, method)
+
+
+def _fit_and_evaluate(session: TrainingSession, module: DPModule, prepared: PreparedRun, ledger: PrivacyLedger,
+                      resumption: Resumption, cfg: DictConfig, run_dir: Path) -> Evaluation:
+    """Fit, then test and validate the last model; a stop signal, OOM or failed per-sample check ends it here."""
+    trainer, signals, typed = session.trainer, session.signals, prepared.config
+    saved_to = resumption.checkpoint if session.checkpointing else None
+    resume_from = resumption.resume_from
     started = time.perf_counter()
     with warnings.catch_warnings(), signals:
         warnings.filterwarnings("ignore", ".*does not have many workers.*")
         warnings.filterwarnings("ignore", ".*TensorBoard.*")
         warnings.filterwarnings("ignore", ".*resuming from a checkpoint that ended before the epoch ended.*")
         try:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+            trainer.fit(module, datamodule=prepared.datamodule, ckpt_path=str(resume_from) if resume_from else None)
         except (torch.OutOfMemoryError, MemoryError) as error:
             raise ConfigurationError(
                 f"out of memory at batch_size={typed.batch_size} ({type(error).__name__}). Keep the logical batch "
@@ -271,101 +341,106 @@ def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> d
             raise RunInterrupted(signal.SIGTERM, trainer.global_step, saved_to) from None
         except PerSampleMismatch as mismatch:
             if trainer.is_global_zero:
-                _record_mismatch(run_dir, strategy, ledger, mismatch, public_config(cfg))
+                _record_mismatch(run_dir, prepared.strategy, ledger, mismatch, public_config(cfg))
             raise
         wall = time.perf_counter() - started
         signals.stop_if_received(trainer.global_step, saved_to)
-        tested = trainer.test(module, datamodule=datamodule, verbose=False)[0]
-        validated_metrics = trainer.validate(module, datamodule=datamodule, verbose=False)[0] if data.validation else {}
+        tested = trainer.test(module, datamodule=prepared.datamodule, verbose=False)[0]
+        validated = (trainer.validate(module, datamodule=prepared.datamodule, verbose=False)[0]
+                     if prepared.data.validation else {})
         signals.stop_if_received(trainer.global_step, saved_to)
-    loggers = trainer.loggers
+    return Evaluation(tested, validated, wall)
 
-    report = ledger.epsilon() if plan.private else None
-    if report and (not ledger.epsilon_history or ledger.epsilon_history[-1][0] != ledger.steps):
-        ledger.epsilon_history.append((ledger.steps, report.epsilon))  # resumed past its last epoch's end
-    metric = module.task.metric_name
-    memory = profiler.memory
-    results: dict[str, Any] = {
-        "method": method,
-        "privatizer": strategy.name,
-        "optimizer": typed.optimizer.name,
-        "model": cfg.model.name,
-        "parameters": sum(p.numel() for p in model.parameters()),
-        "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
-        "data": data.name,
-        "private": plan.private,
-        "epsilon": report.epsilon if report else None,
-        "epsilon_estimate": report.epsilon_estimate if report else None,
-        "accountant_method": report.method if report else None,
-        "accountant_fallback_reason": report.fallback_reason if report else None,
-        "ledger_underreported": ledger.underreported.to_dict() if report and ledger.underreported else None,
-        "noise_multiplier_source": noise_multiplier_source(typed.privacy) if plan.private else None,
-        "target_epsilon": typed.privacy.epsilon if plan.private and plan.calibrated else None,
-        "planned_epsilon": plan.planned_epsilon,
-        "calibration_floor_hit": plan.floor_hit,
-        "delta": typed.privacy.delta if plan.private else None,
-        "noise_multiplier": plan.noise_multiplier,
-        "clip_norm": plan.clip_norm,
-        "batch_size": typed.batch_size,
-        "sampling": plan.sampling,
-        "sampling_rate": sampling_rate,
-        "train_size": len(data.train),
-        "test_size": len(data.test),
-        "steps": ledger.steps if plan.private else trainer.global_step,
-        "epochs": math.ceil(trainer.global_step / datamodule.steps_per_epoch),  # also right after a resume
-        "test_metric": metric,
-        f"test_{metric}": float(tested[f"test/{metric}"]),
-        "test_loss": float(tested["test/loss"]),
-        f"validation_{metric}": float(validated_metrics[f"val/{metric}"]) if validated_metrics else None,
-        "validation_size": len(data.validation) if data.validation else 0,
-        "samples_per_s": profiler.samples_per_s,
-        "step_time_s": profiler.summary().get("profile/step_time_s"),
-        "peak_memory_mb": memory.peak_mb if memory else None,
-        "max_memory_reserved_mb": memory.max_memory_reserved_mb if memory else None,
-        "memory_method": memory.method if memory else None,
-        "page_faults_per_step": profiler.page_faults_per_step,
-        "host_memory": prepared.host_memory,
-        "train_time_s": wall - (epsilon_logger.seconds if epsilon_logger else 0.0),  # the method's, not accounting's
-        "device": _device_name(trainer.strategy.root_device),  # the module is back on the CPU once fit returns
-        "seed": typed.seed,
-        "run_dir": str(run_dir),
-        "config": _published_config(cfg, randomness),
-    }
-    if plan.private:
-        results.update(strategy.privacy_report(ledger.steps, typed.privacy.delta))
-        results["per_sample_check"] = strategy.checks.report()
-        if strategy.checks.caveat() is not None:
-            results["epsilon_caveat"] = strategy.checks.caveat()
-    if plan.sampling != "poisson":
-        results["accounting_note"] = (
-            "shuffled fixed-size batches: the epsilon is the Poisson-subsampling figure, which such batches do "
-            "not strictly satisfy"
-        )
-    results["stopped_on_budget"] = budget_steps < steps
-    results["planned_steps"] = steps
-    results["secure_rng"] = typed.privacy.secure_rng
-    results["privacy_seed"] = "explicit (secret, not recorded)" if randomness.explicit else "drawn from the OS"
-    results["outside_guarantee"] = _outside_guarantee(typed, plan.private)
-    results["resumed_from_step"] = saved.step if saved else None
-    if saved:
-        results["profile_note"] = (f"samples_per_s, step_time_s, train_time_s and peak memory cover this process only: "
-                                   f"the steps after {saved.step}")
-    if extend:
-        results["extended_run"] = _extension_report(saved, results["epsilon"])
-    if epsilon_logger is not None:
-        results["epsilon_log_time_s"] = epsilon_logger.seconds
-    if checkpointing is not None and checkpointing.save_seconds:
-        results["checkpoint_time_s"] = sum(checkpointing.save_seconds)
-    if not trainer.is_global_zero:  # the ledger is identical on every rank: rank 0 reports it once
-        return results
-    if plan.private:
+
+def _publish(results: RunResults, ledger: PrivacyLedger, strategy: PrivatizerStrategy, loggers: list[Logger],
+             run_dir: Path) -> None:
+    """results.json, the ledger, W&B's summary, and the one-screen summary."""
+    if results.private:
         write_json_atomic(run_dir / LEDGER_FILE, ledger.to_json(strategy.name))
-    write_json_atomic(run_dir / RESULTS_FILE, results)
-    upload = finish_wandb(loggers, results)
+    write_results(run_dir, results)
+    upload = finish_wandb(loggers, results.to_json())
     print(summary_text(results), flush=True)
     if upload:
         print(f"W&B run saved offline; to upload it: {upload}", flush=True)
-    return results
+
+
+def _results(cfg: DictConfig, prepared: PreparedRun, ledger: PrivacyLedger, session: TrainingSession,
+             evaluation: Evaluation, resumption: Resumption, run_dir: Path) -> RunResults:
+    """The record of the run; long because it names every field of the schema once."""
+    typed, data, plan, strategy, saved = (prepared.config, prepared.data, prepared.plan, prepared.strategy,
+                                          resumption.saved)
+    trainer, profiler, epsilon_logger = session.trainer, session.profiler, session.epsilon_logger
+    report = ledger.epsilon() if plan.private else None
+    if report and (not ledger.epsilon_history or ledger.epsilon_history[-1][0] != ledger.steps):
+        ledger.epsilon_history.append((ledger.steps, report.epsilon))  # resumed past its last epoch's end
+    metric = data.task.metric_name
+    memory = profiler.memory
+    checkpointing = session.checkpointing
+    return RunResults(
+        method=session.method,
+        privatizer=strategy.name,
+        optimizer=typed.optimizer.name,
+        model=cfg.model.name,
+        parameters=_count(prepared.model.parameters()),
+        trainable_parameters=_count(p for p in prepared.model.parameters() if p.requires_grad),
+        data=data.name,
+        private=plan.private,
+        device=_device_name(trainer.strategy.root_device),  # the module is back on the CPU once fit returns
+        seed=typed.seed,
+        run_dir=str(run_dir),
+        config=_published_config(cfg, prepared.randomness),
+        epsilon=report.epsilon if report else None,
+        epsilon_estimate=report.epsilon_estimate if report else None,
+        accountant_method=report.method if report else None,
+        accountant_fallback_reason=report.fallback_reason if report else None,
+        ledger_underreported=ledger.underreported.to_dict() if report and ledger.underreported else None,
+        noise_multiplier_source=noise_multiplier_source(typed.privacy) if plan.private else None,
+        target_epsilon=typed.privacy.epsilon if plan.private and plan.calibrated else None,
+        planned_epsilon=plan.planned_epsilon,
+        calibration_floor_hit=plan.floor_hit,
+        delta=typed.privacy.delta if plan.private else None,
+        noise_multiplier=plan.noise_multiplier,
+        clip_norm=plan.clip_norm,
+        sampling=plan.sampling,
+        sampling_rate=plan.sampling_rate,
+        secure_rng=typed.privacy.secure_rng,
+        privacy_seed="explicit (secret, not recorded)" if prepared.randomness.explicit else "drawn from the OS",
+        outside_guarantee=_outside_guarantee(typed, plan.private),
+        per_sample_check=strategy.checks.report() if plan.private else None,
+        epsilon_caveat=strategy.checks.caveat() if plan.private else None,
+        accounting_note=None if plan.sampling == "poisson" else (
+            "shuffled fixed-size batches: the epsilon is the Poisson-subsampling figure, which such batches do "
+            "not strictly satisfy"),
+        batch_size=typed.batch_size,
+        train_size=len(data.train),
+        test_size=len(data.test),
+        validation_size=len(data.validation) if data.validation else 0,
+        steps=ledger.steps if plan.private else trainer.global_step,
+        epochs=math.ceil(trainer.global_step / prepared.datamodule.steps_per_epoch),  # also right after a resume
+        planned_steps=prepared.steps,
+        stopped_on_budget=prepared.budget_steps < prepared.steps,
+        resumed_from_step=saved.step if saved else None,
+        extended_run=_extension_report(saved, report.epsilon if report else None) if resumption.extend else None,
+        test_metric=metric,
+        test_score=float(evaluation.tested[f"test/{metric}"]),
+        test_loss=float(evaluation.tested["test/loss"]),
+        validation_score=float(evaluation.validated[f"val/{metric}"]) if evaluation.validated else None,
+        samples_per_s=profiler.samples_per_s,
+        step_time_s=profiler.summary().get("profile/step_time_s"),
+        peak_memory_mb=memory.peak_mb if memory else None,
+        max_memory_reserved_mb=memory.max_memory_reserved_mb if memory else None,
+        memory_method=memory.method if memory else None,
+        page_faults_per_step=profiler.page_faults_per_step,
+        host_memory=prepared.host_memory,
+        train_time_s=evaluation.wall_s - (epsilon_logger.seconds if epsilon_logger else 0.0),  # not accounting's
+        epsilon_log_time_s=epsilon_logger.seconds if epsilon_logger else None,
+        checkpoint_time_s=(sum(checkpointing.save_seconds) if checkpointing and checkpointing.save_seconds
+                           else None),
+        profile_note=None if saved is None else (
+            f"samples_per_s, step_time_s, train_time_s and peak memory cover this process only: the steps after "
+            f"{saved.step}"),
+        strategy_figures=strategy.privacy_report(ledger.steps, typed.privacy.delta) if plan.private else {},
+    )
 
 
 def _published_config(cfg: DictConfig, randomness: PrivacyRandomness) -> dict[str, Any]:
@@ -376,9 +451,9 @@ def _published_config(cfg: DictConfig, randomness: PrivacyRandomness) -> dict[st
     return config
 
 
-def _unchanged(results: dict[str, Any], run_dir: Path) -> dict[str, Any]:
+def _unchanged(results: RunResults, run_dir: Path) -> RunResults:
     """Resuming a run that already ran to its end: nothing to train, and its results stay as they are."""
-    print(f"dpbench: the run in {run_dir} is finished ({results.get('steps')} steps): nothing to resume, "
+    print(f"dpbench: the run in {run_dir} is finished ({results.steps} steps): nothing to resume, "
           f"results.json unchanged (a longer epochs= or max_steps= with extend_run=true continues it)", flush=True)
     return results
 
@@ -389,21 +464,20 @@ def _record_mismatch(
 ) -> None:
     """A run stopped by a failed per-sample check: its steps were clipped wrongly, so no epsilon is claimed."""
     spent = ledger.epsilon().epsilon if ledger.steps else None
-    write_json_atomic(run_dir / RESULTS_FILE, {
-        "privatizer": strategy.name,
-        "stopped": f"per-sample check failed at step {mismatch.step}",
-        "error": str(mismatch),
-        "epsilon": None,
-        "epsilon_caveat": (f"not a guarantee: the {ledger.steps} steps taken were clipped with per-sample gradients "
-                           f"found wrong for {', '.join(mismatch.parameters)}; the accountant's figure for them was "
-                           f"{spent}"),
-        "steps": ledger.steps,
-        "per_sample_check": strategy.checks.report(),
-        "config": config,
-    })
+    write_results(run_dir, StoppedRun(
+        privatizer=strategy.name,
+        stopped=f"per-sample check failed at step {mismatch.step}",
+        error=str(mismatch),
+        epsilon_caveat=(f"not a guarantee: the {ledger.steps} steps taken were clipped with per-sample gradients "
+                        f"found wrong for {', '.join(mismatch.parameters)}; the accountant's figure for them was "
+                        f"{spent}"),
+        steps=ledger.steps,
+        per_sample_check=strategy.checks.report(),
+        config=config,
+    ))
 
 
-def _extension_report(saved: SavedRun, epsilon: float) -> dict[str, Any]:
+def _extension_report(saved: SavedRun, epsilon: float | None) -> dict[str, Any]:
     """extend_run: the schedule grew at the checkpoint's sigma, so the original target may be exceeded."""
     target = saved.config.get("privacy", {}).get("epsilon") if saved.plan["calibrated"] else None
     if not saved.plan["private"]:
@@ -412,7 +486,7 @@ def _extension_report(saved: SavedRun, epsilon: float) -> dict[str, Any]:
         "planned_steps_before": saved.plan["steps"],
         "noise_multiplier": saved.plan["noise_multiplier"],
         "target_epsilon": target,
-        "target_exceeded": target is not None and epsilon > target,
+        "target_exceeded": target is not None and epsilon is not None and epsilon > target,
     }
 
 

@@ -8,20 +8,19 @@ phrases that were never inserted) into --out (default: the first directory given
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
 from dpbench.audit.canary import canary_ranks, plot_histograms, uniformity
 from dpbench.core.errors import ConfigurationError
-from dpbench.core.results import RESULTS_FILE, write_json_atomic
+from dpbench.core.results import RESULTS_FILE, read_results, write_json_atomic
 from dpbench.data.corpus import make_canaries
 from dpbench.models.word2vec import Word2Vec
 from dpbench.training.checkpoint_io import load_checkpoint
 
 
 def load_run(run_dir: Path) -> tuple[Word2Vec, dict, dict]:
-    results = json.loads((run_dir / RESULTS_FILE).read_text())
+    results = read_results(run_dir).to_json()
     config = results["config"]
     model_cfg, data_cfg = config["model"], config["data"]
     if model_cfg.get("name") != "word2vec":

@@ -14,7 +14,6 @@ slots are members is the audit's secret and never appears in the config.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -28,7 +27,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from dpbench.app.hydra_setup import compose
 from dpbench.app.run import run_experiment
-from dpbench.core.results import RESULTS_FILE
+from dpbench.core.results import read_results
 from dpbench.data import DATASETS, DataBundle, TensorSplit
 from dpbench.models import MODELS
 
@@ -139,5 +138,5 @@ def train(cfg: DictConfig, run_dir: Path, members: Tensor) -> CanaryRun:
     recorder = IterateRecorder(int(cfg.data.features))
     with _registered(members, recorder):
         run_experiment(cfg, run_dir)
-    published = json.loads((Path(run_dir) / RESULTS_FILE).read_text())
+    published = read_results(run_dir).to_json()
     return CanaryRun(published, torch.stack(recorder.iterates))

@@ -125,6 +125,7 @@ class Outcome:
     cell: dict[str, Any]
     status: str
     results: dict[str, Any] | None
+    """The run's results.json (core.results), as JSON."""
     reason: str | None
     path: Path
 
@@ -145,7 +146,7 @@ def read_outcome(directory: Path) -> Outcome | None:
         return None
     cell = json.loads((directory / CELL_FILE).read_text())
     state = status(directory)
-    results = read_results(directory) if state == "done" else None
+    results = read_results(directory).to_json() if state == "done" else None
     reason = None
     if state in ("refused", "failed"):
         reason = json.loads((directory / (REFUSED_FILE if state == "refused" else FAILED_FILE)).read_text())["reason"]

@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from dpbench.core.methods import method_label
+from dpbench.core.results import RunResults, read_results
 
 # Strategy keys that distinguish variants of one privatizer in tables and plot legends.
 VARIANT_KEYS = {
@@ -128,7 +128,7 @@ def collect_results(directories: list[Path]) -> list[dict[str, Any]]:
             raise FileNotFoundError(f"no such run or sweep directory: {directory}")
         files = [directory] if directory.name == "results.json" else sorted(directory.rglob("results.json"))
         for path in files:
-            result = json.loads(path.read_text())
-            if "stopped" not in result:  # a run a failed per-sample check stopped: refused.json lists it
-                rows.append(row_of(result, path))
+            result = read_results(path)
+            if isinstance(result, RunResults):  # a run a failed per-sample check stopped: refused.json lists it
+                rows.append(row_of(result.to_json(), path))
     return rows

@@ -13,7 +13,6 @@ Everything here runs before any logger or trainer touches the run directory, so 
 
 from __future__ import annotations
 
-import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +23,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from dpbench.core.errors import ConfigurationError
 from dpbench.core.redaction import SECRET
-from dpbench.core.results import RESULTS_FILE
+from dpbench.core.results import RunResults, read_results
 from dpbench.training.checkpoint_io import load_checkpoint
 from dpbench.training.checkpointing import RUN_STATE_KEY
 
@@ -83,13 +82,13 @@ def checkpoint_path(run_dir: Path) -> Path:
     return Path(run_dir) / CHECKPOINT_DIR / CHECKPOINT_FILE
 
 
-def finished_results(run_dir: Path) -> dict[str, Any] | None:
+def finished_results(run_dir: Path) -> RunResults | None:
     """The results.json of a run that ran to its end (not the record of one a failed per-sample check stopped)."""
     try:
-        results = json.loads((Path(run_dir) / RESULTS_FILE).read_text())
+        results = read_results(run_dir)
     except (FileNotFoundError, ValueError):
         return None
-    return results if isinstance(results, dict) and "stopped" not in results else None
+    return results if isinstance(results, RunResults) else None
 
 
 def config_to_resume(cfg: DictConfig, run_dir: Path, overrides: list[str]) -> DictConfig:

@@ -20,7 +20,7 @@ import dpbench
 from dpbench.app.run import run_experiment
 from dpbench.cli import config_dir
 from dpbench.core.config import register_schemas
-from dpbench.core.results import read_results
+from dpbench.core.results import RunResults, read_results
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.ledger import DeclaredComposition, PrivacyLedger
 from dpbench.privacy.mechanisms import Mechanism, SubsampledGaussian
@@ -148,7 +148,7 @@ def test_own_lightning_trainer_reports_the_declared_composition(caplog):
     assert module.ledger.underreported is not None and module.ledger.underreported.ledger_epsilon == 0.0
 
 
-def _run(tmp_path, *overrides: str) -> dict:
+def _run(tmp_path, *overrides: str) -> RunResults:
     register_schemas()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
         cfg = compose("config", overrides=["max_steps=4", "batch_size=200", "logger.wandb=false",
@@ -162,12 +162,12 @@ def test_a_run_marks_results_when_the_ledger_under_reports(tmp_path, caplog):
         out = _run(tmp_path / "plugin", "+privatizer._target_=tests.privacy.test_epsilon_crosscheck.ZeroRateSteps")
     assert "under-report" in caplog.text
     for results in (out, read_results(tmp_path / "plugin")):
-        assert results["epsilon"] > 0.1
-        mark = results["ledger_underreported"]
+        assert results.epsilon > 0.1
+        mark = results.ledger_underreported
         assert mark["ledger_epsilon"] == 0.0 and mark["steps"] == 4
-        assert results["epsilon"] == pytest.approx(mark["composition_epsilon"]) and results["epsilon"] > 0.1
+        assert results.epsilon == pytest.approx(mark["composition_epsilon"]) and results.epsilon > 0.1
     vanilla = _run(tmp_path / "vanilla")
-    assert vanilla["ledger_underreported"] is None and vanilla["epsilon"] > 0.1
+    assert vanilla.ledger_underreported is None and vanilla.epsilon > 0.1
 
 
 def test_an_extended_d2p2_run_is_checked_against_the_plans_its_steps_were_taken_under():

@@ -80,10 +80,10 @@ def test_a_fixed_noise_multiplier_says_it_wins_over_epsilon_in_the_log_and_resul
     with caplog.at_level(logging.WARNING):
         out = run_experiment(_config("privacy.noise_multiplier=0.8", "privacy.epsilon=0.5", "batch_size=200"),
                              tmp_path)
-    assert out["epsilon"] > 0.5  # what the fixed noise spends: above the epsilon the config names
-    assert out["noise_multiplier"] == 0.8 and out["target_epsilon"] is None
-    assert out["noise_multiplier_source"].startswith("fixed (privacy.noise_multiplier)")
-    assert "privacy.epsilon" in out["noise_multiplier_source"]
+    assert out.epsilon > 0.5  # what the fixed noise spends: above the epsilon the config names
+    assert out.noise_multiplier == 0.8 and out.target_epsilon is None
+    assert out.noise_multiplier_source.startswith("fixed (privacy.noise_multiplier)")
+    assert "privacy.epsilon" in out.noise_multiplier_source
     assert "privacy.noise_multiplier=0.8" in caplog.text and "privacy.epsilon=0.5" in caplog.text
 
 

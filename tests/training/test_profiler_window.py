@@ -107,6 +107,6 @@ def test_a_runs_training_time_leaves_out_its_per_epoch_accounting(tmp_path, monk
                                            "trainer.enable_progress_bar=false", "trainer.checkpoint=false",
                                            "trainer.check_val_every_n_epoch=null", "eval_batch_size=1000"])
     out = run_experiment(cfg, tmp_path)
-    assert out["epochs"] == 2
-    assert out["epsilon_log_time_s"] >= 2 * slow_s
-    assert 0 < out["train_time_s"] < 2 * slow_s  # six steps (6 s under load); with the epoch ends over 2 * slow_s
+    assert out.epochs == 2
+    assert out.epsilon_log_time_s >= 2 * slow_s
+    assert 0 < out.train_time_s < 2 * slow_s  # six steps (6 s under load); with the epoch ends over 2 * slow_s
