@@ -152,18 +152,10 @@ def main(argv: list[str] | None = None) -> int:
     profile = args.profile or ("quick" if args.quick else "full")
     try:
         suite = load_suite(profile, args.suite)
-    except ConfigurationError as error:
-        print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
-        return 2
-    try:
         parameters = dict(_parameter(text) for text in args.submitit)
         make_launcher(args.launcher, parameters)
-    except ConfigurationError as error:
-        print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
-        return 2
-    if args.recost is not None:
-        return _recost(args, suite, parameters)
-    try:
+        if args.recost is not None:
+            return _recost(args, suite, parameters)
         tuning = _private_tuning(args, suite)
     except ConfigurationError as error:
         print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
@@ -177,35 +169,48 @@ def main(argv: list[str] | None = None) -> int:
     root = args.root or Path("outputs") / "leaderboard" / (f"{profile}-private" if tuning else profile)
     command = ["python", "-m", "dpbench.leaderboard", *(sys.argv[1:] if argv is None else argv)]
     if args.dry_run:
-        scheduler = Scheduler(suite, root, dry_run=True)
-        scheduler.run()
-        left = remaining(scheduler.planned, root)
-        pending = {id(cell) for cell in left.to_run}
-        for cell in scheduler.planned:
-            print(f"{'to run' if id(cell) in pending else 'recorded':>8}  {cell.directory(root)}")
-        print(left.describe(args.jobs)
-              + ("; with --private-tuning each private method's trials are a secret random number instead of its "
-                 "grid's first range" if tuning else ""))
-        return 0
+        return _dry_run(suite, root, args.jobs, tuning)
     if not args.report_only:
-        print(PRIVATE_NOTE if tuning else NOTE, flush=True)
-        started, clock = datetime.now(timezone.utc), time.perf_counter()
-        previous = signal.signal(signal.SIGTERM, _stop)
-        try:
-            Scheduler(suite, root, launcher=args.launcher, parameters=parameters, jobs=args.jobs,
-                      private_tuning=tuning).run()
-        except (KeyboardInterrupt, SystemExit) as stop:
-            record_invocation(root, command, started, time.perf_counter() - clock, stopped=True)
-            print(f"dpbench.leaderboard: stopped; the finished cells are kept under {root}: run the same command "
-                  f"again to continue", file=sys.stderr)
-            return STOPPED if isinstance(stop, SystemExit) else 130
-        finally:
-            signal.signal(signal.SIGTERM, previous)
-        record_invocation(root, command, started, time.perf_counter() - clock)
+        stopped = _run_cells(suite, root, args, parameters, tuning, command)
+        if stopped is not None:
+            return stopped
     path = build(suite, root, args.docs, " ".join(command))
     print(f"wrote {path}\n{PRIVATE_NOTE if tuning else NOTE}")
     return 0
 
+
+def _dry_run(suite: Suite, root: Path, jobs: int, tuning: PrivateTuning | None) -> int:
+    """Every cell the suite would run, marked recorded or to run, without running one."""
+    scheduler = Scheduler(suite, root, dry_run=True)
+    scheduler.run()
+    left = remaining(scheduler.planned, root)
+    pending = {id(cell) for cell in left.to_run}
+    for cell in scheduler.planned:
+        print(f"{'to run' if id(cell) in pending else 'recorded':>8}  {cell.directory(root)}")
+    print(left.describe(jobs)
+          + ("; with --private-tuning each private method's trials are a secret random number instead of its "
+             "grid's first range" if tuning else ""))
+    return 0
+
+
+def _run_cells(suite: Suite, root: Path, args: argparse.Namespace, parameters: dict, tuning: PrivateTuning | None,
+               command: list[str]) -> int | None:
+    """Run the suite's remaining cells; the exit code when a signal stopped it, else None."""
+    print(PRIVATE_NOTE if tuning else NOTE, flush=True)
+    started, clock = datetime.now(timezone.utc), time.perf_counter()
+    previous = signal.signal(signal.SIGTERM, _stop)
+    try:
+        Scheduler(suite, root, launcher=args.launcher, parameters=parameters, jobs=args.jobs,
+                  private_tuning=tuning).run()
+    except (KeyboardInterrupt, SystemExit) as stop:
+        record_invocation(root, command, started, time.perf_counter() - clock, stopped=True)
+        print(f"dpbench.leaderboard: stopped; the finished cells are kept under {root}: run the same command "
+              f"again to continue", file=sys.stderr)
+        return STOPPED if isinstance(stop, SystemExit) else 130
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    record_invocation(root, command, started, time.perf_counter() - clock)
+    return None
 
 if __name__ == "__main__":
     # Here, not in main(): a caller of main() (a test, a notebook) keeps its own logging and streams.

@@ -51,6 +51,7 @@ def lstm_layer_tangents(
     and d c_n (R, D, B, H). d output is laid out time-major like the fused kernels' batch-first output, so forward
     AD takes it as it is. The primal gates are computed once and shared by the R tangents; per time step only the
     recurrence runs, for all directions and tangents in one batched op each (tangent rows sample-major, (B, R)).
+    One function, longer than most: the recurrence's state (gates, cells, their tangents) lives across its loop.
     """
     w_ih, w_hh, bias = weights
     dw_ih, dw_hh, dbias = tangents
