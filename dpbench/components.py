@@ -14,9 +14,10 @@ import sys
 
 from hydra.core.global_hydra import GlobalHydra
 
-from dpbench.app.catalog import COMPONENTS, RECIPES, entries, format_group
+from dpbench.app.catalog import entries, format_group
 from dpbench.app.hydra_setup import main_hydra
 from dpbench.core.errors import ConfigurationError
+from dpbench.core.registry import COMPONENTS, RECIPES
 
 
 def main(argv: list[str] | None = None) -> int:

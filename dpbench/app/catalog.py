@@ -18,11 +18,8 @@ from omegaconf import OmegaConf
 from dpbench.app.hydra_setup import registries
 from dpbench.core.config import validated
 from dpbench.core.optim import OptimizerConfig
-from dpbench.core.registry import TARGET, Registry, options
+from dpbench.core.registry import COMPONENTS, RECIPES, TARGET, Registry, options
 
-COMPONENTS = ("model", "data", "privatizer", "optimizer")
-RECIPES = ("experiment", "sweep")
-"""Selected with `+GROUP=NAME`: they are not in the primary config's defaults list."""
 WIDTH = 110
 
 

@@ -22,10 +22,9 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, OmegaConfBase
 
 from dpbench.core.errors import did_you_mean
 from dpbench.core.methods import METHODS, OPTIMIZERS, method_label
+from dpbench.core.registry import COMPONENTS, RECIPES
 
 FULL_ERROR = "HYDRA_FULL_ERROR"
-COMPONENTS = ("model", "data", "privatizer", "optimizer")
-RECIPES = ("experiment", "sweep")
 _FROM_JOB = "_dpbench_from_the_job"
 
 

@@ -25,6 +25,7 @@ from queue import Empty
 
 import torch
 
+from dpbench.app.hydra_setup import compose
 from dpbench.core.errors import ConfigurationError
 from dpbench.profiling.memory import available_mb
 
@@ -95,15 +96,9 @@ def cap_applies_to(device: str) -> str:
     return "the trial process's resident memory (VmRSS), polled by the parent, which kills a trial above it"
 
 
-def _compose(overrides: list[str]):
-    from dpbench.app.hydra_setup import compose
-
-    return compose(overrides)
-
-
 def trial_device(overrides: list[str]) -> str:
     """The device a trial trains on, decided once in the parent: it enforces a CPU cap itself, the child a CUDA one."""
-    accelerator = _compose(overrides).trainer.accelerator
+    accelerator = compose(overrides).trainer.accelerator
     return "cuda" if torch.cuda.is_available() and accelerator != "cpu" else "cpu"
 
 
@@ -131,7 +126,7 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
         from dpbench.profiling.memory import PeakMemory, high_water_mark_mb, resident_mb
 
         queue.put(("interpreter", resident_mb()))
-        cfg = _compose(overrides)
+        cfg = compose(overrides)
         typed: Config = validated(Config, cfg, "top-level")
         device = torch.device(device_name)
         if device.type == "cuda":

@@ -27,6 +27,7 @@ from torch.optim.optimizer import register_optimizer_step_post_hook
 
 from dpbench.app.hydra_setup import compose
 from dpbench.app.run import run_experiment
+from dpbench.core.registry import Component
 from dpbench.core.results import read_results
 from dpbench.data import DATASETS, DataBundle, TensorSplit
 from dpbench.models import MODELS
@@ -115,8 +116,8 @@ class IterateRecorder:
 
 @contextmanager
 def _registered(members: Tensor, recorder: IterateRecorder) -> Iterator[None]:
-    DATASETS[DATA_NAME] = (CanaryDataConfig, lambda config: canary_data(config, members))
-    MODELS[MODEL_NAME] = (LinearModelConfig, recorder.build)
+    DATASETS[DATA_NAME] = Component(lambda config: canary_data(config, members), CanaryDataConfig)
+    MODELS[MODEL_NAME] = Component(recorder.build, LinearModelConfig)
     handle = register_optimizer_step_post_hook(recorder.after_step)
     try:
         yield

@@ -30,6 +30,10 @@ from dpbench.core.config import validated
 from dpbench.core.errors import ConfigurationError
 
 TARGET = "_target_"
+COMPONENTS = ("model", "data", "privatizer", "optimizer")
+"""The config groups a run composes one component of each (`GROUP=NAME`, `GROUP.KEY=VALUE`)."""
+RECIPES = ("experiment", "sweep")
+"""Selected with `+GROUP=NAME`: they are not in the primary config's defaults list."""
 
 
 @dataclass(frozen=True)
@@ -97,19 +101,13 @@ def options(config: DictConfig | Mapping[str, Any]) -> dict[str, Any]:
     return dict(config)
 
 
-class Registry(MutableMapping[str, tuple]):
-    """Components by name: entry points of one group, plus entries set in-process (tests, the audit's canaries).
+class Registry(MutableMapping[str, Component]):
+    """Components by name: entry points of one group, plus entries set in-process (tests, the audit's canaries)."""
 
-    Values read and written as pairs, (factory, schema) or (schema, factory) as `schema_first` says, the order each
-    registry has always had.
-    """
-
-    def __init__(self, group: str, entry_point_group: str, error: type[ConfigurationError] = ConfigurationError,
-                 schema_first: bool = False):
+    def __init__(self, group: str, entry_point_group: str, error: type[ConfigurationError] = ConfigurationError):
         self.group = group
         self.entry_point_group = entry_point_group
         self.error = error
-        self.schema_first = schema_first
         self._set: dict[str, Component] = {}
         self._loaded: dict[str, Component] = {}
 
@@ -156,14 +154,15 @@ class Registry(MutableMapping[str, tuple]):
 
     def build(self, config: DictConfig | Mapping[str, Any], *args: Any) -> Any:
         """factory(validated config, *args)."""
-        found, typed = self._validated(config)
+        found, typed = self.validated(config)
         return found.factory(typed, *args)
 
     def check(self, config: DictConfig | Mapping[str, Any]) -> None:
         """Refuse an unknown name or key of the node now, before a run loads data for what `build` needs."""
-        self._validated(config)
+        self.validated(config)
 
-    def _validated(self, config: DictConfig | Mapping[str, Any]) -> tuple[Component, Any]:
+    def validated(self, config: DictConfig | Mapping[str, Any]) -> tuple[Component, Any]:
+        """The component a node asks for and the node merged into its schema (an unknown key refused)."""
         found, settings = self.resolve(options(config))
         return found, validated(found.schema, settings, self.group)
 
@@ -172,17 +171,17 @@ class Registry(MutableMapping[str, tuple]):
         node = OmegaConf.to_container(OmegaConf.structured(self.component(name).schema))
         return {**node, "name": name}  # type: ignore[dict-item]
 
-    # -- mapping of legacy pairs ------------------------------------------------------------------------------
-    def __getitem__(self, name: str) -> tuple:
+    def __getitem__(self, name: str) -> Component:
         try:
-            found = self.component(name)
+            return self.component(name)
         except ConfigurationError:
             raise KeyError(name) from None
-        return (found.schema, found.factory) if self.schema_first else (found.factory, found.schema)
 
-    def __setitem__(self, name: str, pair: tuple) -> None:
-        schema, factory = pair if self.schema_first else reversed(pair)
-        self._set[name] = Component(factory, schema)
+    def __setitem__(self, name: str, found: Component) -> None:
+        if not isinstance(found, Component):
+            raise TypeError(f"{self.group} {name!r}: set a dpbench.core.registry.Component(factory, schema), not "
+                            f"{type(found).__name__}")
+        self._set[name] = found
 
     def __delitem__(self, name: str) -> None:
         del self._set[name]

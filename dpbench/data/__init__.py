@@ -4,27 +4,25 @@ and Hugging Face hub names for users online (see dpbench.core.registry)."""
 from __future__ import annotations
 
 import torch
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from dpbench.core.config import validated
 from dpbench.core.errors import MissingDataError
-from dpbench.core.registry import Registry
+from dpbench.core.registry import Registry, options
 from dpbench.data.bundle import DataBundle, TensorSplit, identity_collate
 
-DATASETS = Registry("data", "dpbench.data", error=MissingDataError, schema_first=True)
+DATASETS = Registry("data", "dpbench.data", error=MissingDataError)
 """Data loaders by name: dpbench's own and installed plugins' (entry point group `dpbench.data`)."""
 
 
 def load_data(config: DictConfig | dict) -> DataBundle:
     """The data set named by config.name; `validation_size` (any data set) carves a validation split out of the
     training split, so that tuning never looks at the test split."""
-    options = OmegaConf.to_container(config, resolve=True) if isinstance(config, DictConfig) else dict(config)
-    validation_size = int(options.pop("validation_size", 0) or 0)
-    found, options = DATASETS.resolve(options)
-    settings = validated(found.schema, options, "data")
+    node = options(config)
+    validation_size = int(node.pop("validation_size", 0) or 0)
+    found, settings = DATASETS.validated(node)
     bundle = found.factory(settings)
     if not isinstance(bundle, DataBundle):
-        raise MissingDataError(f"the data loader for {options.get('name')!r} returned {type(bundle).__name__}, "
+        raise MissingDataError(f"the data loader for {node.get('name')!r} returned {type(bundle).__name__}, "
                                "not a dpbench.DataBundle")
     cap = getattr(settings, "train_size", None)
     order = torch.randperm(len(bundle.train), generator=torch.Generator().manual_seed(1))

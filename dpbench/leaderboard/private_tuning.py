@@ -13,8 +13,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from omegaconf import DictConfig
-
+from dpbench.app.hydra_setup import compose
 from dpbench.core.errors import ConfigurationError
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
 from dpbench.leaderboard.trial_cells import TUNING_SEED, cell_for, start_grid
@@ -71,18 +70,11 @@ class PlanRow:
     """Why this method's tuning is not accounted (None when it is)."""
 
 
-def compose_overrides(overrides: list[str]) -> DictConfig:
-    """The config a cell's `python -m dpbench` composes from its overrides."""
-    from dpbench.app.hydra_setup import compose
-
-    return compose(overrides)
-
-
 def run_privacy(overrides: list[str]) -> RunPrivacy:
     """Plan one cell's run (refusals raise ConfigurationError, as the cell would be refused)."""
     from dpbench.app.run import prepare_run
 
-    prepared = prepare_run(compose_overrides(overrides))
+    prepared = prepare_run(compose(overrides))
     plan = prepared.plan
     composition = prepared.strategy.composition(plan.noise_multiplier, prepared.budget_steps)
     validation = prepared.data.validation

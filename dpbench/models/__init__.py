@@ -43,7 +43,7 @@ def build_lstm(config: LSTMConfig, data: DataBundle) -> nn.Module:
     return LSTMClassifier(data.vocab_size, data.num_classes, config)
 
 
-MODELS = Registry("model", "dpbench.models", schema_first=True)
+MODELS = Registry("model", "dpbench.models")
 """Model builders by name: dpbench's own and installed plugins' (entry point group `dpbench.models`)."""
 
 

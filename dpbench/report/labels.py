@@ -8,12 +8,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from dpbench.core.registry import COMPONENTS
 from dpbench.report.collect import VARIANT_KEYS
 
 SHORT = {"privacy.epsilon": "ε", "privacy.noise_multiplier": "σ", "batch_size": "B", "model.name": "model",
          "data.name": "data"}
-# Components whose other keys are set by their name: a key that only follows the name says nothing more.
-COMPONENTS = ("model", "data", "privatizer", "optimizer")
 IN_LABEL = {"privatizer.name", "optimizer.name", *(f"privatizer.{key}" for key in VARIANT_KEYS)}
 
 Task = tuple[Any, Any, Any]

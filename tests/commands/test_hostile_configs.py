@@ -86,7 +86,7 @@ def test_valid_configurations_plan_honestly_and_step(name, data, **params):
 
 def check(name, data, hostile, epsilon, delta, noise, batch_size, clip, steps):
     """Either a clear refusal, or a plan whose noise is positive and whose epsilon meets its target."""
-    strategy_class, schema = STRATEGIES[name]
+    schema = STRATEGIES[name].schema
     defaults = {f.name: f.default for f in dataclasses.fields(schema)}
     knobs = {key: data.draw(values if hostile else VALID_KNOBS[key], label=key)
              for key, values in KNOBS.items() if key in defaults and (hostile or defaults[key] is not None)}

@@ -70,7 +70,7 @@ def test_builtins_come_in_through_dpbench_entry_points():
         text = preset.read_text()
         if "\nname:" in text or text.startswith("name:"):
             name = text.split("name:")[1].split()[0]
-            assert STRATEGIES[name][0].name == name
+            assert STRATEGIES[name].factory.name == name
 
 
 def test_target_model_validated_against_its_declared_dataclass(examples_path):

@@ -194,9 +194,9 @@ def test_experiments_compose_into_valid_configs(name):
     with initialize_config_dir(str(ROOT / "conf"), version_base=None):
         cfg = compose("config", overrides=overrides)
     validated(Config, cfg, "top-level")
-    validated(MODELS[cfg.model.name][0], cfg.model, "model")
-    validated(DATASETS[cfg.data.name][0], cfg.data, "data")
-    validated(STRATEGIES[cfg.privatizer.name][1], cfg.privatizer, "privatizer")
+    validated(MODELS[cfg.model.name].schema, cfg.model, "model")
+    validated(DATASETS[cfg.data.name].schema, cfg.data, "data")
+    validated(STRATEGIES[cfg.privatizer.name].schema, cfg.privatizer, "privatizer")
     if "tokenizer" in cfg.data:
         assert cfg.data.tokenizer == cfg.model.tokenizer
 
