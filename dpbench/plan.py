@@ -66,7 +66,7 @@ def job_configs(args: argparse.Namespace, hydra: Hydra) -> Iterator[tuple[str, D
 def plan_line(cfg: DictConfig) -> str:
     """One job's privacy plan as a line: what `prepare_run` fixes before the first step of a run."""
     from dpbench.app.run import prepare_run
-    from dpbench.core.methods import method_label, with_privatizer
+    from dpbench.core.methods import with_privatizer
     from dpbench.privacy.accountant import PrivacyAccountant
 
     task = copy.deepcopy(cfg)
@@ -75,8 +75,7 @@ def plan_line(cfg: DictConfig) -> str:
     prepared = prepare_run(task)
     prepared.strategy.attach(prepared.model)
     plan, privacy = prepared.plan, prepared.config.privacy
-    method = with_privatizer(method_label(prepared.strategy.name, prepared.config.optimizer.name),
-                             prepared.strategy.name)
+    method = with_privatizer(prepared.method, prepared.strategy.name)
     what = f"{method} on {prepared.data.name} / {task.model.name}:"
     steps = f"steps={prepared.budget_steps}" + (
         f" (stop_on_budget: of {prepared.steps})" if prepared.budget_steps < prepared.steps else "")

@@ -64,13 +64,16 @@ def describe(error: BaseException, argv: list[str]) -> str:
         reason = lines[0].partition(f": {error.override}")[0].strip()[:100] if lines else ""
         return (f"cannot parse the override {error.override!r}{f' ({reason})' if reason else ''}: a value with "
                 "spaces, non-ASCII or special characters needs quotes that reach Hydra, e.g. 'key=\"a value\"'")
-    cause = error if isinstance(error, OmegaConfBaseException) else error.__cause__
+    # Hydra chains an error of a config file it composes (a user's experiment) as the context, not the cause
+    cause = error if isinstance(error, OmegaConfBaseException) else (error.__cause__ or error.__context__)
     if isinstance(cause, OmegaConfBaseException) and cause.full_key:
+        found = re.match(r"In '([^']+)'", str(error)) if cause is not error else None
+        where = f" (in {found.group(1)}.yaml)" if found else ""  # a key of a config file, not of the command line
         if isinstance(cause, ConfigKeyError | ConfigAttributeError):
             keys = list(cause.parent_node.keys()) if cause.parent_node is not None else []
             name = cause.parent_node.get("name") if cause.parent_node is not None else None
-            return unknown_key(str(cause.full_key), keys, name, argv)
-        return f"{cause.full_key}: {_first_line(cause.msg)}"
+            return unknown_key(str(cause.full_key), keys, name, argv) + where
+        return f"{cause.full_key}: {_first_line(cause.msg)}{where}"
     return _first_line(str(error))
 
 

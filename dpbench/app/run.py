@@ -26,8 +26,9 @@ from dpbench.app.run_output import drop_lightning_console, library_warnings_to_l
 from dpbench.app.wandb_run import finish_wandb, wandb_logger
 from dpbench.core.config import Config, check_run_settings, validated
 from dpbench.core.errors import ConfigurationError, RunInterrupted
-from dpbench.core.methods import method_label, off_paper
+from dpbench.core.methods import method_label, off_paper, with_variant
 from dpbench.core.redaction import SECRET, public_config
+from dpbench.core.registry import options
 from dpbench.core.results import RunResults, StoppedRun, summary_text, write_json_atomic, write_results
 from dpbench.data import load_data
 from dpbench.data.bundle import DataBundle
@@ -115,6 +116,8 @@ class PreparedRun:
     budget_steps: int
     host_memory: str
     """What the host allocator does with freed memory in this process (training/host_memory.py)."""
+    method: str
+    """The method named with its optimizer and the keys that make it a variant: "DP-SGD-JL (r=5)"."""
 
 
 def prepare_run(cfg: DictConfig) -> PreparedRun:
@@ -138,9 +141,12 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     privacy = PrivacySettings(typed.privacy.clip_norm, sampling_rate, typed.privacy.noise_multiplier, randomness)
     strategy = make_strategy(cfg.privatizer, privacy)
     model = build_model(cfg.model, data)
+    strategy.preflight(model, typed.optimizer)
     plan = make_plan(strategy, typed.privacy, sampling_rate, steps, model, len(data.train))
     budget_steps = _steps_within_budget(typed, plan, strategy, steps)
-    return PreparedRun(typed, data, datamodule, randomness, strategy, model, plan, steps, budget_steps, host_memory)
+    method = with_variant(method_label(strategy.name, typed.optimizer.name), options(cfg.privatizer))
+    return PreparedRun(typed, data, datamodule, randomness, strategy, model, plan, steps, budget_steps, host_memory,
+                       method)
 
 
 def _trainer(
@@ -293,7 +299,7 @@ def _lightning_module(prepared: PreparedRun, ledger: PrivacyLedger) -> DPModule:
 def _training_session(cfg: DictConfig, prepared: PreparedRun, ledger: PrivacyLedger, resumption: Resumption,
                       run_dir: Path, sweep_dir: Path | None) -> TrainingSession:
     typed, plan, strategy, saved = prepared.config, prepared.plan, prepared.strategy, resumption.saved
-    method = method_label(strategy.name, typed.optimizer.name)
+    method = prepared.method
     paper = off_paper(strategy.name, typed.optimizer.name)
     if paper:
         log.warning("privatizer=%s with optimizer=%s: its paper's method uses optimizer=%s; this run is labelled %s",
@@ -389,6 +395,7 @@ def _results(cfg: DictConfig, prepared: PreparedRun, ledger: PrivacyLedger, sess
         seed=typed.seed,
         run_dir=str(run_dir),
         config=_published_config(cfg, prepared.randomness),
+        method_details=strategy.method_details(prepared.model),
         epsilon=report.epsilon if report else None,
         epsilon_estimate=report.epsilon_estimate if report else None,
         accountant_method=report.method if report else None,

@@ -168,10 +168,15 @@ def validated(schema: type, config: DictConfig | dict, group: str) -> Any:
         config = OmegaConf.to_container(config, resolve=True)
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), config)
-    except ConfigKeyError as error:
-        fields = [name for name in OmegaConf.structured(schema).keys()]
-        raise ConfigurationError(f"invalid `{group}` config: {group}.{error.key} is not a key of {schema.__name__}"
-                                 f"{did_you_mean(str(error.key), fields, f'{group}.')}") from None
+    except ConfigKeyError as error:  # full_key: the path inside the node (lora.rnk), parent_node: where it sits
+        path = str(error.full_key or error.key)
+        parent = path.rpartition(".")[0]
+        owner = error.object_type.__name__ if isinstance(error.object_type, type) else schema.__name__
+        fields = ([str(name) for name in error.parent_node.keys()] if error.parent_node is not None
+                  else [str(name) for name in OmegaConf.structured(schema).keys()])
+        where = f"{group}.{parent}." if parent else f"{group}."
+        raise ConfigurationError(f"invalid `{group}` config: {group}.{path} is not a key of {owner}"
+                                 f"{did_you_mean(str(error.key), fields, where)}") from None
     except ValidationError as error:
         raise ConfigurationError(f"invalid `{group}` config: {group}.{error.full_key}: "
                                  f"{str(error.msg).strip().splitlines()[0]}") from None

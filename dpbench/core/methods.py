@@ -4,7 +4,9 @@ summary, results.json's `method`, W&B names and tags, report legends) comes from
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 OPTIMIZERS = {"sgd": "SGD", "adam": "Adam", "adamw": "AdamW"}
 
@@ -52,6 +54,25 @@ def method_label(privatizer: str, optimizer: str | None) -> str:
     label = method.pattern.format(opt=opt)
     paper = off_paper(privatizer, optimizer)
     return f"{label} (paper: {optimizer_label(paper)})" if paper else label
+
+
+VARIANT_KEYS = {
+    "projections": "r",
+    "rank": "rank",
+    "update_every": "F",
+    "dim": "p",
+    "noise_decay": "decay",
+    "selection": "sel",
+    "sparsity": "s",
+}
+"""Privatizer keys that tell variants of one method apart, with their short names in labels."""
+
+
+def with_variant(label: str, privatizer: Mapping[str, Any]) -> str:
+    """The label with the privatizer keys that make it a variant, e.g. "DP-SGD-JL (r=5)", "DP-GRAPE (Adam) (rank=32,
+    F=100)": the run summary, results.json's `method`, W&B names and report legends."""
+    parts = [f"{short}={privatizer[key]}" for key, short in VARIANT_KEYS.items() if privatizer.get(key) is not None]
+    return f"{label} ({', '.join(parts)})" if parts else label
 
 
 def with_privatizer(method: str, privatizer: str) -> str:

@@ -22,6 +22,15 @@ class OptimizerConfig:
     eps: float = 1e-8
 
 
+def check_optimizer(config: OptimizerConfig) -> None:
+    """Refuse before the run what building the optimizer would refuse at its first step (torch's own checks too:
+    nesterov without momentum, betas outside [0, 1))."""
+    try:
+        build_optimizer([nn.Parameter(torch.zeros(1))], config)
+    except ValueError as error:
+        raise ConfigurationError(f"optimizer={config.name}: {error}") from None
+
+
 def build_optimizer(params: Iterable[nn.Parameter], config: OptimizerConfig) -> torch.optim.Optimizer:
     params = list(params)
     if config.lr <= 0:

@@ -59,6 +59,7 @@ class RunResults:
     seed: int
     run_dir: str
     config: dict[str, Any]
+    method_details: dict[str, Any]
     # privacy
     epsilon: float | None
     epsilon_estimate: float | None

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor, nn
 
+from dpbench.core.errors import ConfigurationError, did_you_mean
+
 
 @dataclass
 class CNNConfig:
@@ -33,7 +35,8 @@ ACTIVATIONS = {"tanh": nn.Tanh, "relu": nn.ReLU}
 
 def _activation(name: str) -> nn.Module:
     if name not in ACTIVATIONS:
-        raise ValueError(f"model.activation must be one of {sorted(ACTIVATIONS)}, got {name!r}")
+        raise ConfigurationError(f"model.activation must be one of {sorted(ACTIVATIONS)}, got {name!r}"
+                                 f"{did_you_mean(str(name), list(ACTIVATIONS), 'model.activation=')}")
     return ACTIVATIONS[name]()
 
 
@@ -44,7 +47,8 @@ def _normalization(name: str | None, channels: int) -> list[nn.Module]:
         return [nn.GroupNorm(min(32, channels), channels)]
     if name == "batchnorm":
         return [nn.BatchNorm2d(channels)]
-    raise ValueError(f"model.normalization must be null, groupnorm or batchnorm, got {name!r}")
+    raise ConfigurationError(f"model.normalization must be null, groupnorm or batchnorm, got {name!r}"
+                             f"{did_you_mean(str(name), ['groupnorm', 'batchnorm'], 'model.normalization=')}")
 
 
 class TFPrivacyCNN(nn.Module):

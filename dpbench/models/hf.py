@@ -230,7 +230,13 @@ def build_vit(config: ViTModelConfig, data: DataBundle) -> nn.Module:
 
 
 def _text_data(data: DataBundle, model_name: str) -> None:
-    if not isinstance(data.train.features, dict):
+    features = data.train.features
+    if isinstance(features, torch.Tensor) and features.is_floating_point() and features.dim() >= 3:
+        raise ConfigurationError(
+            f"model={model_name} is a text model and data={data.name} holds images: use a text data set, e.g. "
+            "data=rotten_tomatoes (offline), data=sst2 or data=imdb"
+        )
+    if not isinstance(features, dict):
         raise ConfigurationError(
             f"model={model_name} needs text tokenized by a Hugging Face tokenizer: set data.tokenizer to "
             "${model.tokenizer} (e.g. data.tokenizer=hf:minilm)"

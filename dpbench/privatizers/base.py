@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 from torch.utils._pytree import tree_map
 
-from dpbench.core.optim import build_optimizer
+from dpbench.core.optim import build_optimizer, check_optimizer
 from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privacy.mechanisms import Composition, Mechanism, SubsampledGaussian
 from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
@@ -125,6 +125,20 @@ class PrivatizerStrategy(ABC):
 
     def privacy_report(self, steps: int, delta: float) -> dict[str, Any]:
         """Strategy-specific privacy figures for results.json (e.g. a paper's closed-form bound beside the PRV's)."""
+        return {}
+
+    # -- before anything runs ---------------------------------------------------------------------------------
+    def preflight(self, model: nn.Module, optimizer_config: Any | None) -> None:
+        """Refuse what attach or configure_optimizer would refuse later, and a setting under which this model would
+        not get the method the run is named after. The run and `dpbench.plan` both call it (from prepare_run), and
+        make_private, before any data is trained on or any W&B run is made. `optimizer_config` None: the caller
+        brings its own torch optimizer."""
+        if optimizer_config is not None:
+            check_optimizer(optimizer_config)
+
+    def method_details(self, model: nn.Module) -> dict[str, Any]:
+        """What the method does to this model, for results.json's `method_details` (the layers it projects and
+        their ranks, its r, its projection dimension, the fraction of coordinates it selects)."""
         return {}
 
     # -- training --------------------------------------------------------------------------------------------

@@ -35,7 +35,7 @@ from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepCo
 from dpbench.privatizers.clipping import automatic_clip_factors, clipping_stats
 from dpbench.privatizers.gaussian_projection import GaussianProjection
 from dpbench.privatizers.implicit_projection import ImplicitProjection
-from dpbench.privatizers.per_sample import PerSampleEngine, make_engine, trainable_parameters
+from dpbench.privatizers.per_sample import PerSampleEngine, check_engine, make_engine, trainable_parameters
 
 
 @dataclass
@@ -157,6 +157,24 @@ class D2P2(PrivatizerStrategy):
             "accounting": "chi-square mixture (projection before noise)"
             if self.config.dim is not None and not self.config.clip_after_projection else "gaussian",
         }
+
+    # -- before anything runs ---------------------------------------------------------------------------------
+    def preflight(self, model: nn.Module, optimizer_config: Any | None) -> None:
+        super().preflight(model, optimizer_config)
+        check_engine(model, self.config.engine)
+        dimensions = sum(p.numel() for p in trainable_parameters(model).values())
+        if self.config.dim is not None and self.config.dim >= dimensions:
+            raise ConfigurationError(
+                f"privatizer.dim={self.config.dim} is not below the model's {dimensions:,} trainable parameters: the "
+                f"projection reduces nothing, and the run would not be {self.name}; set privatizer.dim below "
+                f"{dimensions:,}, or privatizer=d2p_sgd (no projection)")
+        if self.config.dim is None and self.name == "d2p2":
+            raise ConfigurationError("privatizer=d2p2 with dim=null does not project: that is privatizer=d2p_sgd "
+                                     "(automatic clipping and decaying noise), named for what it is")
+
+    def method_details(self, model: nn.Module) -> dict[str, Any]:
+        return {"projection_dim": self.config.dim,
+                "trainable_parameters": sum(p.numel() for p in trainable_parameters(model).values())}
 
     # -- training --------------------------------------------------------------------------------------------
     def attach(self, model: nn.Module) -> None:

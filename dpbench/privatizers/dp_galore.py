@@ -21,7 +21,13 @@ from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.grape import check_adam
 from dpbench.privatizers.per_sample import trainable_parameters
 from dpbench.privatizers.projected_adam import ProjectedAdam
-from dpbench.privatizers.projections import ProjectionSpec, Projector, projectable_weights
+from dpbench.privatizers.projections import (
+    ProjectionSpec,
+    Projector,
+    projectable_weights,
+    projection_details,
+    refuse_nothing_projected,
+)
 from dpbench.privatizers.vanilla import Vanilla
 
 
@@ -56,6 +62,15 @@ class SVDProjections(Projector):
 class DPGaLore(Vanilla):
     name = "dp_galore"
     config: DPGaLoreConfig
+
+    def preflight(self, model: nn.Module, optimizer_config: Any | None) -> None:
+        super().preflight(model, optimizer_config)
+        if optimizer_config is not None:
+            check_adam(optimizer_config, self.name)
+        refuse_nothing_projected(model, self.config.rank, self.name)
+
+    def method_details(self, model: nn.Module) -> dict[str, Any]:
+        return projection_details(model, self.config.rank, self.config.update_every)
 
     def attach(self, model: nn.Module) -> None:
         super().attach(model)

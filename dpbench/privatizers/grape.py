@@ -19,9 +19,14 @@ from dpbench.core.errors import ConfigurationError
 from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clipping_stats
-from dpbench.privatizers.per_sample import trainable_parameters
+from dpbench.privatizers.per_sample import check_hook_engine, trainable_parameters
 from dpbench.privatizers.projected_adam import ProjectedAdam
-from dpbench.privatizers.projections import ProjectedHookEngine, RandomProjections
+from dpbench.privatizers.projections import (
+    ProjectedHookEngine,
+    RandomProjections,
+    projection_details,
+    refuse_nothing_projected,
+)
 
 
 @dataclass
@@ -48,6 +53,16 @@ def check_adam(optimizer_config: Any, privatizer: str) -> None:
 class Grape(PrivatizerStrategy):
     name = "grape"
     config: GrapeConfig
+
+    def preflight(self, model: nn.Module, optimizer_config: Any | None) -> None:
+        super().preflight(model, optimizer_config)
+        if optimizer_config is not None:
+            check_adam(optimizer_config, self.name)
+        check_hook_engine(model)
+        refuse_nothing_projected(model, self.config.rank, self.name)
+
+    def method_details(self, model: nn.Module) -> dict[str, Any]:
+        return projection_details(model, self.config.rank, self.config.update_every)
 
     def attach(self, model: nn.Module) -> None:
         self.projections = RandomProjections(model, self.config.rank, self.config.update_every, self.privacy.randomness)

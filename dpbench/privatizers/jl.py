@@ -35,6 +35,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.autograd.forward_ad as fwad
@@ -277,15 +278,33 @@ class JL(PrivatizerStrategy):
         return (f"privatizer.projections={self.config.projections} (r, the JL directions per step) limits the "
                 f"privacy of this run: raise it; {found}")
 
-    # -- training --------------------------------------------------------------------------------------------
-    def attach(self, model: nn.Module) -> None:
+    # -- before anything runs ---------------------------------------------------------------------------------
+    def preflight(self, model: nn.Module, optimizer_config: Any | None) -> None:
+        super().preflight(model, optimizer_config)
+        self._check_model(model)
+        dimensions = sum(p.numel() for p in trainable_parameters(model).values())
+        if self.config.projections >= dimensions:
+            raise ConfigurationError(
+                f"privatizer.projections={self.config.projections} is not below the model's {dimensions:,} trainable "
+                f"parameters: exact per-sample norms cost less than that many JL directions and need no estimate; "
+                f"run privatizer=vanilla, or lower privatizer.projections")
+
+    def method_details(self, model: nn.Module) -> dict[str, Any]:
+        return {"projections": self.config.projections,
+                "trainable_parameters": sum(p.numel() for p in trainable_parameters(model).values())}
+
+    def _check_model(self, model: nn.Module) -> None:
         refuse_sample_mixing_layers(model)
         require_fast_path(model, "privatizer=jl (one shared backward over the batch)")
-        self.recurrent = any(isinstance(module, nn.RNNBase) for module in model.modules())
-        if self.config.compile and self.recurrent:
+        if self.config.compile and any(isinstance(module, nn.RNNBase) for module in model.modules()):
             raise ConfigurationError(
                 "privatizer.compile=true covers models without recurrent layers (their tangents come from the graph "
                 "pass's recorded calls, which the compiled pass does not replay): set privatizer.compile=false")
+
+    # -- training --------------------------------------------------------------------------------------------
+    def attach(self, model: nn.Module) -> None:
+        self._check_model(model)
+        self.recurrent = any(isinstance(module, nn.RNNBase) for module in model.modules())
         self._sums: dict[str, Tensor] = {}
         self._compiled: CompiledTangents | None = None
 

@@ -49,7 +49,9 @@ def validate_privacy_config(config: PrivacyConfig) -> None:
     if not (math.isfinite(config.clip_norm) and config.clip_norm > 0):
         raise ConfigurationError(f"privacy.clip_norm must be positive, got {config.clip_norm}")
     if config.epsilon is not None and not (math.isfinite(config.epsilon) and config.epsilon > 0):
-        raise ConfigurationError(f"privacy.epsilon must be a positive finite number, got {config.epsilon}")
+        raise ConfigurationError(f"privacy.epsilon must be a positive finite number, got {config.epsilon}"
+                                 + ("; a run without privacy is privatizer=nonprivate"
+                                    if config.epsilon is not None and config.epsilon == math.inf else ""))
     if config.noise_multiplier is not None and not (
         math.isfinite(config.noise_multiplier) and config.noise_multiplier > 0
     ):

@@ -19,6 +19,7 @@ from collections import Counter
 from collections.abc import Iterable
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -70,6 +71,39 @@ def projectable_weights(model: nn.Module, rank: int) -> list[tuple[str, nn.Param
         if weight.requires_grad and owners[weight] == 1 and min(weight.shape) > rank:
             weights.append((names[weight], weight))
     return weights
+
+
+def refuse_nothing_projected(model: nn.Module, rank: int, privatizer: str) -> None:
+    """A projecting method that projects no weight of the model trains plain DP-Adam under its own name."""
+    if projectable_weights(model, rank):
+        return
+    names = {param: name for name, param in model.named_parameters()}
+    matrices = sorted(((min(module.weight.shape), names[module.weight], tuple(module.weight.shape))
+                       for module in model.modules()
+                       if handler_for(module) is linear_sites and isinstance(getattr(module, "weight", None),
+                                                                              nn.Parameter)
+                       and module.weight.requires_grad), reverse=True)
+    largest = (f"; its largest matrix weight is {matrices[0][1]} {'x'.join(map(str, matrices[0][2]))}: "
+               f"privatizer.rank={max(1, matrices[0][0] - 1)} or lower projects it" if matrices
+               else "; it has no trainable matrix layer (nn.Linear or Conv1D) at all")
+    raise ConfigurationError(
+        f"privatizer={privatizer} projects no weight of this model at privatizer.rank={rank} (a weight is projected "
+        f"when both its sides exceed the rank){largest}. As it stands the run would train plain DP-Adam under the "
+        f"name of {privatizer}: lower the rank, or run privatizer=vanilla optimizer=adam"
+    )
+
+
+def projection_details(model: nn.Module, rank: int, update_every: int | None) -> dict[str, Any]:
+    """Which weights a projecting method projects, at which rank; every other parameter is clipped exactly."""
+    projected = dict(projectable_weights(model, rank))
+    trainable = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+    return {
+        "rank": rank,
+        **({"update_every": update_every} if update_every is not None else {}),
+        "projected": {name: list(weight.shape) for name, weight in projected.items()},
+        "projected_parameters": sum(weight.numel() for weight in projected.values()),
+        "exact_parameters": sum(p.numel() for name, p in trainable if name not in projected),
+    }
 
 
 class Projector:

@@ -29,7 +29,7 @@ from dpbench.privacy.sparse_step_accounting import SubsampledSelectionGaussian, 
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clipping_stats
 from dpbench.privatizers.coordinate_selection import exponential_top_k, sparse_vector, uniform_untouched
-from dpbench.privatizers.per_sample import HookEngine, trainable_parameters
+from dpbench.privatizers.per_sample import HookEngine, check_hook_engine, trainable_parameters
 from dpbench.privatizers.per_sample.sites import EmbeddingSite
 
 SELECTIONS = ("exponential", "svt", "random")
@@ -68,6 +68,15 @@ class _Layout:
     offset: int
     rows: int
     cols: int
+
+
+def _check_optimizer(optimizer_config: Any) -> None:
+    if optimizer_config.name not in ("adam", "sgd"):
+        raise ConfigurationError(f"privatizer=sparse supports optimizer=adam|sgd, got {optimizer_config.name!r}")
+    if optimizer_config.weight_decay or (optimizer_config.name == "sgd" and optimizer_config.momentum):
+        raise ConfigurationError("privatizer=sparse updates selected coordinates only: no weight decay, momentum")
+    if optimizer_config.lr <= 0:
+        raise ConfigurationError(f"optimizer.lr must be positive, got {optimizer_config.lr}")
 
 
 class SelectedCoordinateOptimizer(Optimizer):
@@ -216,6 +225,23 @@ class Sparse(PrivatizerStrategy):
             self.layouts.append(_Layout(param, offset, rows, param.numel() // rows))
             offset += param.numel()
 
+    def preflight(self, model: nn.Module, optimizer_config: Any | None) -> None:
+        super().preflight(model, optimizer_config)
+        if optimizer_config is not None:
+            _check_optimizer(optimizer_config)
+        check_hook_engine(model)
+        self._layout(model)
+        if self.draws >= self.num_coordinates:
+            raise ConfigurationError(
+                f"privatizer.sparsity={self.config.sparsity:g} selects all {self.num_coordinates:,} coordinates of "
+                f"this model each step: nothing is sparse, and the selection spends privacy for nothing; lower "
+                f"privatizer.sparsity, or run privatizer=vanilla")
+
+    def method_details(self, model: nn.Module) -> dict[str, Any]:
+        self._layout(model)
+        return {"coordinates": self.num_coordinates, "selected_per_step": self.draws,
+                "selected_fraction": self.draws / self.num_coordinates if self.num_coordinates else None}
+
     def attach(self, model: nn.Module) -> None:
         self.engine = HookEngine(model, self.checks)
         self._layout(model)
@@ -225,12 +251,7 @@ class Sparse(PrivatizerStrategy):
         self._pending: dict[nn.Parameter, tuple[Tensor, Tensor]] = {}
 
     def configure_optimizer(self, model: nn.Module, optimizer_config: Any) -> Optimizer:
-        if optimizer_config.name not in ("adam", "sgd"):
-            raise ConfigurationError(f"privatizer=sparse supports optimizer=adam|sgd, got {optimizer_config.name!r}")
-        if optimizer_config.weight_decay or (optimizer_config.name == "sgd" and optimizer_config.momentum):
-            raise ConfigurationError("privatizer=sparse updates selected coordinates only: no weight decay, momentum")
-        if optimizer_config.lr <= 0:
-            raise ConfigurationError(f"optimizer.lr must be positive, got {optimizer_config.lr}")
+        _check_optimizer(optimizer_config)
         params = [layout.param for layout in self.layouts]
         if optimizer_config.name == "adam" and not self.config.lazy_adam:
             return torch.optim.Adam(params, optimizer_config.lr, tuple(optimizer_config.betas), optimizer_config.eps)

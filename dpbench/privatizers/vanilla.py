@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from torch import Tensor, nn
 
 from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clipping_stats
-from dpbench.privatizers.per_sample import PerSampleEngine, make_engine
+from dpbench.privatizers.per_sample import PerSampleEngine, check_engine, make_engine
 
 
 @dataclass
@@ -26,6 +27,10 @@ class Vanilla(PrivatizerStrategy):
     config: VanillaConfig
 
     engine: PerSampleEngine
+
+    def preflight(self, model: nn.Module, optimizer_config: Any | None) -> None:
+        super().preflight(model, optimizer_config)
+        check_engine(model, self.config.engine)
 
     def attach(self, model: nn.Module) -> None:
         self.engine = make_engine(model, self.config.engine, self.config.chunk_size, self.checks)

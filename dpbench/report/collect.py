@@ -5,19 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from dpbench.core.methods import method_label
+from dpbench.core.methods import method_label, with_variant
 from dpbench.core.results import RunResults, read_results
-
-# Strategy keys that distinguish variants of one privatizer in tables and plot legends.
-VARIANT_KEYS = {
-    "projections": "r",
-    "rank": "rank",
-    "update_every": "F",
-    "dim": "p",
-    "noise_decay": "decay",
-    "selection": "sel",
-    "sparsity": "s",
-}
 
 
 def _number(value: Any) -> float | None:
@@ -43,10 +32,7 @@ def method_of(result: dict[str, Any]) -> str:
 
 def label_of(result: dict[str, Any]) -> str:
     """The method with its optimizer plus the keys that make it a variant, e.g. 'DP-SGD-JL (r=5)'."""
-    privatizer = (result.get("config") or {}).get("privatizer") or {}
-    parts = [f"{short}={privatizer[key]}" for key, short in VARIANT_KEYS.items() if privatizer.get(key) is not None]
-    method = method_of(result)
-    return f"{method} ({', '.join(parts)})" if parts else method
+    return with_variant(method_of(result), (result.get("config") or {}).get("privatizer") or {})
 
 
 def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:

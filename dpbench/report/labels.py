@@ -8,8 +8,8 @@ from collections import defaultdict
 from dataclasses import dataclass
 from typing import Any
 
+from dpbench.core.methods import VARIANT_KEYS
 from dpbench.core.registry import COMPONENTS
-from dpbench.report.collect import VARIANT_KEYS
 
 SHORT = {"privacy.epsilon": "ε", "privacy.noise_multiplier": "σ", "batch_size": "B", "model.name": "model",
          "data.name": "data"}

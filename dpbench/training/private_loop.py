@@ -87,7 +87,7 @@ class PrivacySpent:
 def _plan(
     model: nn.Module, privatizer: Privatizer, sampling_rate: float, steps: int, randomness: PrivacyRandomness,
     target_epsilon: float | None, noise_multiplier: float | None, delta: float, clip_norm: float, sampling: str,
-    eps_error: float, train_size: int, allow_large_delta: bool,
+    eps_error: float, train_size: int, allow_large_delta: bool, optimizer: object,
 ) -> tuple[PrivatizerStrategy, PrivacyPlan]:
     """The strategy (checked against its contract) with its noise calibrated for `steps` (not yet attached).
 
@@ -100,6 +100,7 @@ def _plan(
     config = {"name": privatizer} if isinstance(privatizer, str) else dict(privatizer)
     settings = PrivacySettings(clip_norm, sampling_rate, noise_multiplier, randomness)
     strategy = make_strategy(config, settings)
+    strategy.preflight(model, optimizer if isinstance(optimizer, OptimizerConfig) else None)
     privacy = PrivacyConfig(epsilon=target_epsilon, delta=delta, noise_multiplier=noise_multiplier,
                             clip_norm=clip_norm, sampling=sampling, accountant_eps_error=eps_error,
                             allow_large_delta=allow_large_delta)
@@ -200,7 +201,7 @@ def make_private(
     total = steps if steps is not None else epochs * len(data_loader)  # type: ignore[operator]
     strategy, plan = _plan(model, privatizer, sampling_rate, total, randomness, target_epsilon, noise_multiplier,
                            delta, clip_norm, "poisson" if caveat is None else "shuffle", eps_error,
-                           len(data_loader.dataset), allow_large_delta)  # type: ignore[arg-type]
+                           len(data_loader.dataset), allow_large_delta, optimizer)  # type: ignore[arg-type]
     strategy.attach(model)
     if isinstance(optimizer, OptimizerConfig):
         optimizer = strategy.configure_optimizer(model, optimizer)
@@ -267,7 +268,8 @@ def make_private_module(
     randomness = PrivacyRandomness(privacy_seed)
     datamodule = DPDataModule(data, batch_size, "poisson", randomness, eval_batch_size)
     strategy, plan = _plan(model, privatizer, datamodule.sampling_rate, steps, randomness, target_epsilon,
-                           noise_multiplier, delta, clip_norm, "poisson", eps_error, len(data.train), allow_large_delta)
+                           noise_multiplier, delta, clip_norm, "poisson", eps_error, len(data.train), allow_large_delta,
+                           optimizer)
     ledger = PrivacyLedger(delta, PrivacyAccountant(eps_error=eps_error), declared_composition(strategy, plan))
     module = PrivateModule(model, data.task, strategy, optimizer, ledger, float(batch_size), physical_batch_size)
     module.plan = plan

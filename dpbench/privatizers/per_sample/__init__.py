@@ -9,11 +9,21 @@ from dpbench.privatizers.per_sample.auto import AutoEngine
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.check_schedule import CheckSchedule
 from dpbench.privatizers.per_sample.functorch import FunctorchEngine
-from dpbench.privatizers.per_sample.hooks import HookEngine, MaterializedEngine, PerSampleMismatch
+from dpbench.privatizers.per_sample.hooks import HookEngine, MaterializedEngine, PerSampleMismatch, check_hook_engine
 
 PerSampleEngine = HookEngine | AutoEngine
 
 ENGINES = ("auto", "hooks", "functorch", "materialized")
+
+
+def check_engine(model: nn.Module, engine: str) -> None:
+    """What make_engine would refuse of this model and engine name, without hooking anything: auto and functorch
+    serve any model (vmap), the hooks only one proven per-sample."""
+    if engine not in ENGINES:
+        raise ConfigurationError(f"privatizer.engine must be one of {ENGINES}, got {engine!r}")
+    refuse_sample_mixing_layers(model)
+    if engine in ("hooks", "materialized"):
+        check_hook_engine(model)
 
 
 def make_engine(
@@ -43,6 +53,8 @@ __all__ = [
     "MaterializedEngine",
     "PerSampleEngine",
     "PerSampleMismatch",
+    "check_engine",
+    "check_hook_engine",
     "make_engine",
     "refuse_sample_mixing_layers",
     "trainable_parameters",

@@ -113,6 +113,18 @@ class Call:
     edges: list[GradientEdge | None]
 
 
+def check_hook_engine(model: nn.Module) -> None:
+    """What the hook engine refuses of a model: also asked before the run (PrivatizerStrategy.preflight)."""
+    refuse_sample_mixing_layers(model)
+    require_fast_path(model, "the hook engine")
+    unsupported = unsupported_modules(model)
+    if unsupported:
+        raise UnsupportedModelError(
+            "the hook engine has no per-sample rule for: " + ", ".join(unsupported)
+            + "; use privatizer.engine=functorch (vmap) for this model"
+        )
+
+
 class HookEngine:
     """Records (module, input, output) during the forward pass; reads output gradients after it."""
 
@@ -120,14 +132,7 @@ class HookEngine:
     """True: every per-sample gradient is built as a (B, *shape) tensor before clipping (see MaterializedEngine)."""
 
     def __init__(self, model: nn.Module, checks: CheckSchedule | None = None):
-        refuse_sample_mixing_layers(model)
-        require_fast_path(model, "the hook engine")
-        unsupported = unsupported_modules(model)
-        if unsupported:
-            raise UnsupportedModelError(
-                "the hook engine has no per-sample rule for: " + ", ".join(unsupported)
-                + "; use privatizer.engine=functorch (vmap) for this model"
-            )
+        check_hook_engine(model)
         self.model = model
         self.params = trainable_parameters(model)
         self.names = {p: name for name, p in self.params.items()}
