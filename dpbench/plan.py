@@ -80,7 +80,8 @@ def plan_line(cfg: DictConfig) -> str:
     steps = f"steps={prepared.budget_steps}" + (
         f" (stop_on_budget: of {prepared.steps})" if prepared.budget_steps < prepared.steps else "")
     if not plan.private:
-        return f"{what} not private (no noise): epsilon=inf q={plan.sampling_rate:.6g} {steps}"
+        return (f"{what} not private (no noise): epsilon=inf q={plan.sampling_rate:.6g} {steps}; "
+                f"{prepared.memory.describe()}")
     epsilon = plan.planned_epsilon
     if prepared.budget_steps < prepared.steps:
         composition = prepared.strategy.composition(plan.noise_multiplier, prepared.budget_steps)
@@ -96,7 +97,7 @@ def plan_line(cfg: DictConfig) -> str:
     if plan.sampling != "poisson":
         line += (f" [sampling={plan.sampling}: the Poisson-subsampling figure, which such batches do not strictly "
                  "satisfy]")
-    return line
+    return f"{line}; {prepared.memory.describe()}"
 
 
 def main(argv: list[str] | None = None) -> int:

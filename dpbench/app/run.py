@@ -22,6 +22,7 @@ from lightning.pytorch.utilities.exceptions import SIGTERMException
 from omegaconf import DictConfig
 from torch import nn
 
+from dpbench.app.memory_estimate import MemoryEstimate, check_fits, estimate_memory
 from dpbench.app.run_output import drop_lightning_console, library_warnings_to_log
 from dpbench.app.wandb_run import finish_wandb, wandb_logger
 from dpbench.core.config import Config, check_run_settings, validated
@@ -118,6 +119,7 @@ class PreparedRun:
     """What the host allocator does with freed memory in this process (training/host_memory.py)."""
     method: str
     """The method named with its optimizer and the keys that make it a variant: "DP-SGD-JL (r=5)"."""
+    memory: MemoryEstimate
 
 
 def prepare_run(cfg: DictConfig) -> PreparedRun:
@@ -135,18 +137,29 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     data = load_data(cfg.data)
     if typed.batch_size > len(data.train):
         raise ConfigurationError(f"batch_size {typed.batch_size} exceeds the training set size {len(data.train)}")
-    datamodule = DPDataModule(data, typed.batch_size, typed.privacy.sampling, randomness, typed.eval_batch_size)
+    micro_batch = typed.physical_batch_size or typed.batch_size
+    eval_batch = typed.eval_batch_size or micro_batch
+    datamodule = DPDataModule(data, typed.batch_size, typed.privacy.sampling, randomness, eval_batch)
     steps = typed.max_steps or typed.epochs * datamodule.steps_per_epoch
     sampling_rate = datamodule.sampling_rate
     privacy = PrivacySettings(typed.privacy.clip_norm, sampling_rate, typed.privacy.noise_multiplier, randomness)
     strategy = make_strategy(cfg.privatizer, privacy)
     model = build_model(cfg.model, data)
     strategy.preflight(model, typed.optimizer)
+    memory = estimate_memory(model, data, strategy, typed.optimizer, micro_batch, eval_batch, _run_device(typed))
+    if typed.trainer.memory_check:
+        check_fits(memory, typed.batch_size)
     plan = make_plan(strategy, typed.privacy, sampling_rate, steps, model, len(data.train))
     budget_steps = _steps_within_budget(typed, plan, strategy, steps)
     method = with_variant(method_label(strategy.name, typed.optimizer.name), options(cfg.privatizer))
     return PreparedRun(typed, data, datamodule, randomness, strategy, model, plan, steps, budget_steps, host_memory,
-                       method)
+                       method, memory)
+
+
+def _run_device(typed: Config) -> torch.device:
+    """Where the run will train (per rank): a CUDA device when the accelerator may take one, else the host."""
+    cuda = typed.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
+    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
 
 
 def _trainer(

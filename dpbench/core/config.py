@@ -61,6 +61,8 @@ class TrainerConfig:
     """glibc keeps the memory a step frees instead of faulting it in again at the next step (training/host_memory.py):
     on CPU up to 40% of a step's time in some processes, at the cost of a higher resident peak where the heap fragments
     (DP-LoRA on MiniLM at batch 1024: 8.5 against 5.0 GB after 8 steps); false: glibc's defaults."""
+    memory_check: bool = True
+    """Refuse a run whose estimated peak memory is past 90% of the free memory (app/memory_estimate.py)."""
     checkpoint: bool = True
     """Write checkpoints/last.ckpt during training (cadence below), on SIGINT/SIGTERM and at the end."""
     checkpoint_every_n_steps: int | None = 100
@@ -106,7 +108,8 @@ class Config:
     """Expected logical batch size: the Poisson sampling rate is batch_size / N."""
     physical_batch_size: int | None = None
     """Micro-batch size for gradient accumulation (memory); noise is still added once per logical batch."""
-    eval_batch_size: int = 1000
+    eval_batch_size: int | None = None
+    """Samples per evaluation batch; null: the training micro-batch (physical_batch_size, else batch_size)."""
     epochs: int = 30
     max_steps: int | None = None
     resume: Any = False
@@ -139,7 +142,8 @@ def check_precision(precision: Any) -> None:
 def check_run_settings(config: Config) -> None:
     """The top-level numbers a run cannot be honest with: refused before any data is loaded."""
     _positive(config.batch_size, "batch_size", "a positive expected batch size")
-    _positive(config.eval_batch_size, "eval_batch_size", "a positive number of samples per evaluation batch")
+    _positive(config.eval_batch_size, "eval_batch_size",
+              "a positive number of samples per evaluation batch, or null for the training micro-batch", optional=True)
     _positive(config.physical_batch_size, "physical_batch_size",
               "a positive micro-batch size, or null for no micro-batching", optional=True)
     _positive(config.max_steps, "max_steps", "a positive number of steps, or null to train `epochs`", optional=True)

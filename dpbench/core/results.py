@@ -208,6 +208,15 @@ def _underreport(results: RunResults) -> str:
     return f" from the privatizer's composition(): its ledger under-reported {_fmt(mark['ledger_epsilon'])}"
 
 
+def _unmeasured(results: RunResults) -> str:
+    """Why a run has no samples/s: its steps all fell in the profiler's warm-up."""
+    warmup = ((results.config or {}).get("profiler") or {}).get("warmup_steps")
+    if warmup is not None and results.steps <= warmup:
+        return (f"- (not measured: the profile leaves out the first profiler.warmup_steps={warmup} steps, and the run "
+                f"took {results.steps})")
+    return "-"
+
+
 def summary_text(results: RunResults) -> str:
     r = results
     rows = [
@@ -219,7 +228,7 @@ def summary_text(results: RunResults) -> str:
         ("clip norm", _fmt(r.clip_norm)),
         ("sampling", f"{r.sampling} q={_fmt(r.sampling_rate)} batch={r.batch_size} N={r.train_size}"),
         ("steps / epochs", f"{r.steps} / {r.epochs}"),
-        ("samples/s", _fmt(r.samples_per_s, ".1f")),
+        ("samples/s", _fmt(r.samples_per_s, ".1f") if r.samples_per_s is not None else _unmeasured(r)),
         ("peak memory", f"{_fmt(r.peak_memory_mb, '.1f')} MB ({r.memory_method or ''})"),
         ("train time", f"{_fmt(r.train_time_s, '.1f')} s"),
         ("results", r.run_dir),

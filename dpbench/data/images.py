@@ -23,10 +23,16 @@ class ImageDataConfig:
     """Hugging Face data set name for hub data (needs network or a local cache)."""
     train_size: int | None = None
     """Cap the training split (first N of a fixed permutation); null keeps it whole."""
-    fashion_mnist_dir: str = "/usr/share/datasets/fashion-mnist"
     standardize: bool = True
     """Pixels to zero mean and unit variance; false keeps them in [0, 1] (torchvision's ToTensor, what Tramer &
     Boneh 2021 train on)."""
+
+
+@dataclass
+class FashionMNISTConfig(ImageDataConfig):
+    name: str = "fashion_mnist"
+    fashion_mnist_dir: str = "/usr/share/datasets/fashion-mnist"
+    """Where Debian's dataset-fashion-mnist package puts the four idx files."""
 
 
 def _pixels(images: np.ndarray | torch.Tensor, mean: float, std: float, config: ImageDataConfig,
@@ -74,7 +80,7 @@ def _read_idx(path: Path) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
 
 
-def fashion_mnist(config: ImageDataConfig) -> DataBundle:
+def fashion_mnist(config: FashionMNISTConfig) -> DataBundle:
     """The full Fashion-MNIST (60k / 10k) from Debian's dataset-fashion-mnist package."""
     root = Path(config.fashion_mnist_dir)
     files = {

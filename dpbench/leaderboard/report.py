@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from dpbench.core.wording import counted
 from dpbench.leaderboard.cells import Outcome, read_outcomes
 from dpbench.leaderboard.claims import check_claims, fmt_entry, fmt_number, fmt_ratio, fmt_value, learned, winners
 from dpbench.leaderboard.compare import UNCLEAR, best_baseline, better_verdict, paired
@@ -139,7 +140,7 @@ def _cell_text(task: Task, entry: Entry | None, notes: list[str], selections: Se
         selection = selections.get((task.name, entry.variant, suite.tuning_budget(entry.epsilon)))
         text += f" ({point}{_tuning_text(selection)}{_anchor_text(task, entry)})"
         if entry.failed or entry.pending:
-            text += f" ({len(entry.values)} seeds; {len(entry.failed)} failed, {entry.pending} pending)"
+            text += f" ({counted(len(entry.values), 'seed')}; {len(entry.failed)} failed, {entry.pending} pending)"
         return text
     if entry.failed:
         return f"failed: {entry.failed[0]}"

@@ -136,6 +136,11 @@ class PrivatizerStrategy(ABC):
         if optimizer_config is not None:
             check_optimizer(optimizer_config)
 
+    def per_sample_state_bytes(self, model: nn.Module, micro_batch: int) -> int:
+        """Memory the privatizer holds for one micro-batch besides the activations (per-sample gradients where its
+        engine builds them), for the estimate a run is checked against before it trains."""
+        return 0
+
     def method_details(self, model: nn.Module) -> dict[str, Any]:
         """What the method does to this model, for results.json's `method_details` (the layers it projects and
         their ranks, its r, its projection dimension, the fraction of coordinates it selects)."""

@@ -35,7 +35,13 @@ from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepCo
 from dpbench.privatizers.clipping import automatic_clip_factors, clipping_stats
 from dpbench.privatizers.gaussian_projection import GaussianProjection
 from dpbench.privatizers.implicit_projection import ImplicitProjection
-from dpbench.privatizers.per_sample import PerSampleEngine, check_engine, make_engine, trainable_parameters
+from dpbench.privatizers.per_sample import (
+    PerSampleEngine,
+    check_engine,
+    engine_state_bytes,
+    make_engine,
+    trainable_parameters,
+)
 
 
 @dataclass
@@ -171,6 +177,9 @@ class D2P2(PrivatizerStrategy):
         if self.config.dim is None and self.name == "d2p2":
             raise ConfigurationError("privatizer=d2p2 with dim=null does not project: that is privatizer=d2p_sgd "
                                      "(automatic clipping and decaying noise), named for what it is")
+
+    def per_sample_state_bytes(self, model: nn.Module, micro_batch: int) -> int:
+        return engine_state_bytes(model, self.config.engine, self.config.chunk_size, micro_batch)
 
     def method_details(self, model: nn.Module) -> dict[str, Any]:
         return {"projection_dim": self.config.dim,

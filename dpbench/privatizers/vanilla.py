@@ -10,7 +10,7 @@ from torch import Tensor, nn
 from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clipping_stats
-from dpbench.privatizers.per_sample import PerSampleEngine, check_engine, make_engine
+from dpbench.privatizers.per_sample import PerSampleEngine, check_engine, engine_state_bytes, make_engine
 
 
 @dataclass
@@ -31,6 +31,9 @@ class Vanilla(PrivatizerStrategy):
     def preflight(self, model: nn.Module, optimizer_config: Any | None) -> None:
         super().preflight(model, optimizer_config)
         check_engine(model, self.config.engine)
+
+    def per_sample_state_bytes(self, model: nn.Module, micro_batch: int) -> int:
+        return engine_state_bytes(model, self.config.engine, self.config.chunk_size, micro_batch)
 
     def attach(self, model: nn.Module) -> None:
         self.engine = make_engine(model, self.config.engine, self.config.chunk_size, self.checks)

@@ -42,11 +42,27 @@ def available_mb() -> float | None:
     return None
 
 
+def data_limit_free_mb() -> float | None:
+    """What the process may still map under its data-segment limit (`ulimit -d`, RLIMIT_DATA; None: no limit)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
+    if soft == resource.RLIM_INFINITY:
+        return None
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmData:"):
+                return max(0.0, soft / 2**20 - int(line.split()[1]) / 1024.0)
+    except OSError:
+        return None
+    return None
+
+
 def free_mb(device: torch.device) -> float | None:
-    """Memory still free where tensors on `device` live: the CUDA device's, else the host's (None: unknown)."""
+    """Memory still free where tensors on `device` live: the CUDA device's, else the host's, within the process's
+    data-segment limit where one is set (None: unknown)."""
     if device.type == "cuda":
         return torch.cuda.mem_get_info(device)[0] / 2**20
-    return available_mb()
+    known = [mb for mb in (available_mb(), data_limit_free_mb()) if mb is not None]
+    return min(known) if known else None
 
 
 def high_water_mark_mb() -> float:

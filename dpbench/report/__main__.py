@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from dpbench.core.wording import counted
 from dpbench.report.build import build_report
 
 
@@ -22,7 +23,7 @@ def main() -> None:
         print(f"dpbench.report: error: {error}", file=sys.stderr)
         sys.exit(2)
     print(report["markdown"].read_text())
-    print(f"{len(report['rows'])} runs; wrote {report['markdown']}, {report['csv']} (in {report['out']})")
+    print(f"{counted(len(report['rows']), 'run')}; wrote {report['markdown']}, {report['csv']} (in {report['out']})")
     for plot in report["plots"]:
         print(f"plot: {plot}")
 

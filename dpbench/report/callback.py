@@ -16,6 +16,7 @@ from omegaconf import DictConfig
 
 from dpbench.app.stop_relay import RELAY
 from dpbench.core.results import REFUSED_FILE
+from dpbench.core.wording import counted
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def end_sweep(sweep_dir: Path, stopped_by: int | None) -> None:
     except FileNotFoundError as error:  # no job finished: nothing to summarize
         log.warning("no sweep report: %s", error)
     else:
-        print(f"\ndpbench sweep summary ({len(report['rows'])} runs) — {sweep_dir}\n")
+        print(f"\ndpbench sweep summary ({counted(len(report['rows']), 'run')}) — {sweep_dir}\n")
         print(report["markdown"].read_text(), flush=True)
     refused = _print_refusals(sweep_dir)
     if stopped_by:

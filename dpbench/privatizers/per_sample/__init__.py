@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from dpbench.core.errors import ConfigurationError
+from dpbench.core.errors import ConfigurationError, UnsupportedModelError
 from dpbench.privatizers.per_sample.auto import AutoEngine
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
 from dpbench.privatizers.per_sample.check_schedule import CheckSchedule
@@ -24,6 +24,20 @@ def check_engine(model: nn.Module, engine: str) -> None:
     refuse_sample_mixing_layers(model)
     if engine in ("hooks", "materialized"):
         check_hook_engine(model)
+
+
+def engine_state_bytes(model: nn.Module, engine: str, chunk_size: int | None, micro_batch: int) -> int:
+    """Per-sample gradients an engine builds at once: none for the hooks (norms from the layers' inputs and output
+    gradients), the micro-batch's (or a vmap chunk's) for materialized and functorch; auto takes the hooks where
+    they serve the model."""
+    if engine in ("auto", "hooks"):
+        try:
+            check_hook_engine(model)
+            return 0
+        except UnsupportedModelError:
+            pass
+    samples = micro_batch if engine == "materialized" or chunk_size is None else min(chunk_size, micro_batch)
+    return samples * sum(p.numel() * p.element_size() for p in trainable_parameters(model).values())
 
 
 def make_engine(
@@ -54,6 +68,7 @@ __all__ = [
     "PerSampleEngine",
     "PerSampleMismatch",
     "check_engine",
+    "engine_state_bytes",
     "check_hook_engine",
     "make_engine",
     "refuse_sample_mixing_layers",
