@@ -167,6 +167,12 @@ def _trainer(
 ) -> L.Trainer:
     accelerator = typed.trainer.accelerator
     progress = shows_progress(typed.trainer.enable_progress_bar)
+    on_cpu = accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+    ranks = typed.trainer.devices * typed.trainer.num_nodes if isinstance(typed.trainer.devices, int) else None
+    if on_cpu and ranks is not None and ranks > (os.cpu_count() or 1):
+        log.warning("trainer.devices=%d starts %d training processes on this machine's %d CPU cores: they share the "
+                    "cores (slower than one process) and each holds a copy of the model", typed.trainer.devices,
+                    ranks, os.cpu_count() or 1)
     if accelerator in ("gpu", "cuda") and not torch.cuda.is_available():
         raise ConfigurationError(
             f"trainer.accelerator={accelerator} but this machine has no CUDA GPU visible to torch "
@@ -261,6 +267,8 @@ def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> R
         check_resume(saved, prepared.plan.to_dict(), public_config(cfg), extend)
         if _ran_to_its_end(resumption, prepared):
             return _unchanged(resumption.finished, run_dir)
+        log.info("resuming the run in %s from step %s of %d (%s)", run_dir, saved.step, prepared.budget_steps,
+                 resumption.resume_from)
     ledger = PrivacyLedger(prepared.config.privacy.delta,
                            PrivacyAccountant(eps_error=prepared.config.privacy.accountant_eps_error),
                            declared_composition(prepared.strategy, prepared.plan))
@@ -447,7 +455,9 @@ def _results(cfg: DictConfig, prepared: PreparedRun, ledger: PrivacyLedger, sess
         validation_score=float(evaluation.validated[f"val/{metric}"]) if evaluation.validated else None,
         samples_per_s=profiler.samples_per_s,
         step_time_s=profiler.summary().get("profile/step_time_s"),
-        peak_memory_mb=memory.peak_mb if memory else None,
+        peak_memory_mb=(sum(profiler.rank_peaks_mb) if profiler.rank_peaks_mb
+                        else memory.peak_mb if memory else None),
+        rank_peak_memory_mb=profiler.rank_peaks_mb,
         max_memory_reserved_mb=memory.max_memory_reserved_mb if memory else None,
         memory_method=memory.method if memory else None,
         page_faults_per_step=profiler.page_faults_per_step,

@@ -5,6 +5,7 @@ the run's `dpbench.log`, where it is still there when something needs explaining
 from __future__ import annotations
 
 import logging
+import os
 import sysconfig
 import warnings
 from collections.abc import Iterator
@@ -26,7 +27,15 @@ class ConsoleFilter(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if record.name == LIBRARY_WARNINGS:
             return False
+        if not on_rank_zero():  # a DDP group prints once: its other ranks only their errors
+            return record.levelno >= logging.ERROR
         return record.levelno >= logging.WARNING or record.name == "dpbench" or record.name.startswith("dpbench.")
+
+
+def on_rank_zero() -> bool:
+    """Whether this process is the first of its group (Lightning's launchers set the ranks in the environment of the
+    processes they start)."""
+    return all(os.environ.get(key, "0") == "0" for key in ("LOCAL_RANK", "NODE_RANK", "RANK"))
 
 
 def from_a_library(filename: str) -> bool:

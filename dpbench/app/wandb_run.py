@@ -103,7 +103,10 @@ def finish_wandb(loggers: list[Logger], results: dict[str, Any]) -> str | None:
             run = logger.experiment
             run.summary.update(summary(results))
             run.log({RESULTS_TABLE: results_table(results)})
-            upload = f"wandb sync {Path(run.dir).parent}" if run.offline else None
+            upload = None
+            if run.offline:  # a resumed run continues the same id from a directory of its own: sync them all
+                pieces = sorted(Path(run.dir).parent.parent.glob(f"offline-run-*-{run.id}")) or [Path(run.dir).parent]
+                upload = "wandb sync " + " ".join(map(str, pieces))
             run.finish()
             return upload
     return None

@@ -101,6 +101,7 @@ class RunResults:
     samples_per_s: float | None
     step_time_s: float | None
     peak_memory_mb: float | None
+    rank_peak_memory_mb: list[float] | None
     max_memory_reserved_mb: float | None
     memory_method: str | None
     page_faults_per_step: float | None

@@ -77,6 +77,8 @@ class ProfilerCallback(L.Callback):
         self._steps_seen = 0
         self._step_started = 0.0
         self.faults_each_step: list[int] = []
+        self.rank_peaks_mb: list[float] | None = None
+        """Each rank's peak in a process group (None for one process)."""
         self._faults_at_start = 0
 
     def _sync(self, pl_module: L.LightningModule) -> None:
@@ -108,6 +110,10 @@ class ProfilerCallback(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         if self.memory is not None:
             self.memory.stop()
+            if trainer.world_size > 1:  # every rank's peak: the group's is their sum
+                mine = torch.tensor([self.memory.peak_mb or 0.0], dtype=torch.float64, device=pl_module.device)
+                gathered = trainer.strategy.all_gather(mine)
+                self.rank_peaks_mb = [float(peak) for peak in gathered.reshape(-1).cpu()]
         for logger in trainer.loggers:
             logger.log_metrics(self.summary(), step=trainer.global_step)
 

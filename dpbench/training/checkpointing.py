@@ -106,7 +106,8 @@ class PeriodicCheckpoint(L.Callback):
         self.save_seconds: list[float] = []
         self._last_save = time.monotonic()
         self._stop: int | None = None
-        self._carried_over = False
+        self._carried_over: int | None = None
+        """The step whose due checkpoint moved to the next one (an epoch's last step), or None."""
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._last_save = time.monotonic()
@@ -124,28 +125,30 @@ class PeriodicCheckpoint(L.Callback):
         last_epoch = trainer.max_epochs is not None and 0 < trainer.max_epochs <= trainer.current_epoch + 1
         return last_epoch and trainer.fit_loop.epoch_loop.batch_progress.is_last_batch
 
-    def save(self, trainer: L.Trainer) -> None:
+    def save(self, trainer: L.Trainer, moved_from: int | None = None) -> None:
         started = time.perf_counter()
         for logger in trainer.loggers:  # the history on disk reaches at least as far as the checkpoint
             logger.save()
         trainer.save_checkpoint(self.path, weights_only=False)  # the full state, not only the weights
         self.save_seconds.append(time.perf_counter() - started)
         self._last_save = time.monotonic()
-        log.info("checkpoint at step %d: %s", trainer.global_step, self.path)
+        moved = (f" (due at step {moved_from}, an epoch's last step, which Lightning would resume without its "
+                 "evaluation)" if moved_from is not None else "")
+        log.info("checkpoint at step %d%s: %s", trainer.global_step, moved, self.path)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, *args: Any) -> None:
         """A checkpoint due at an epoch's last step moves to the next step: Lightning resumes a checkpoint taken
         there without that epoch's evaluation and epsilon entry. The run's last step is checkpointed where it is."""
         stop = trainer.strategy.broadcast(self.signals.received)  # ranks agree at this step boundary
-        due = stop is not None or self._carried_over or self._due(trainer.global_step)
+        due = stop is not None or self._carried_over is not None or self._due(trainer.global_step)
         if not self._final_step(trainer):
             if not trainer.strategy.broadcast(due):
                 return
             if trainer.fit_loop.epoch_loop.batch_progress.is_last_batch:
-                self._carried_over = True
+                self._carried_over = trainer.global_step
                 return
-        self._carried_over = False
-        self.save(trainer)
+        moved_from, self._carried_over = self._carried_over, None
+        self.save(trainer, moved_from)
         self._stop = stop  # stop only once the step it stops at is checkpointed
 
     def _stop_if_signalled(self, trainer: L.Trainer) -> None:
