@@ -15,6 +15,7 @@ import json
 import os
 import sys
 import time
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
@@ -22,7 +23,7 @@ from hydra.errors import HydraException
 
 from dpbench.app.frontier import FRONTIER_FIELDS, FrontierRow, frontier_row, refused_row
 from dpbench.app.frontier_plot import plot_frontier
-from dpbench.app.max_batch import MEMORY_FIELDS, find_max_batch, trial_device
+from dpbench.app.max_batch import MEMORY_FIELDS, MaxBatchResult, find_max_batch, trial_device
 from dpbench.core.errors import ConfigurationError
 
 MAX_BATCH_FILE = "max_batch.json"
@@ -81,30 +82,51 @@ def max_batch(args: argparse.Namespace, cap_mb: float) -> None:
 
 
 def frontier(args: argparse.Namespace, cap_mb: float) -> list[FrontierRow]:
-    """frontier.json and the plot are rewritten after each method, so a search cut short keeps what it measured."""
+    """frontier.json is rewritten after every trial (the method in progress under `in_progress`) and the plot after
+    each method, so a search cut short keeps what it measured; each method's header says how far the search is and
+    about how long the rest takes."""
     started = time.perf_counter()
     out = args.out or Path("outputs/frontier")
     out.mkdir(parents=True, exist_ok=True)
     title = " ".join(o for o in args.overrides if o.startswith("model")) or "default model"
+    privatizers = (args.privatizers or FRONTIER_PRIVATIZERS).split(",")
+    device = trial_device(args.overrides)
+    device_name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
     rows: list[FrontierRow] = []
-    for privatizer in (args.privatizers or FRONTIER_PRIVATIZERS).split(","):
-        print(f"{privatizer}:", flush=True)
-        try:
-            rows.append(frontier_row(privatizer, args.overrides, cap_mb, args.batch, args.limit, args.resolution,
-                                     args.steps))
-        except ConfigurationError as refusal:  # this method refuses the model: a row that says so, and on
-            print(f"  refused: {refusal}", flush=True)
-            rows.append(refused_row(privatizer, trial_device(args.overrides), args.batch, str(refusal)))
-        device_name = torch.cuda.get_device_name() if rows[0].device == "cuda" else "CPU"
-        record = {"overrides": args.overrides, "cap_mb": cap_mb, "device": rows[0].device, "device_name": device_name,
+
+    def write(in_progress: dict | None = None) -> None:
+        record = {"overrides": args.overrides, "cap_mb": cap_mb, "device": device, "device_name": device_name,
                   "fixed_batch": args.batch, "limit": args.limit, "steps_per_trial": args.steps,
                   "wall_s": time.perf_counter() - started, "load_average": os.getloadavg()[0], "cpus": os.cpu_count(),
-                  "fields_mb": FRONTIER_FIELDS, "rows": [row.to_dict() for row in rows]}
+                  "fields_mb": FRONTIER_FIELDS, "rows": [row.to_dict() for row in rows], "in_progress": in_progress}
         (out / FRONTIER_FILE).write_text(json.dumps(record, indent=2))
+
+    for index, privatizer in enumerate(privatizers):
+        print(f"[{index + 1}/{len(privatizers)}] {privatizer}{_remaining(started, index, len(privatizers))}:",
+              flush=True)
+
+        def progress(result: MaxBatchResult, privatizer: str = privatizer) -> None:
+            write({"privatizer": privatizer, "trials": [asdict(trial) for trial in result.trials]})
+
+        try:
+            rows.append(frontier_row(privatizer, args.overrides, cap_mb, args.batch, args.limit, args.resolution,
+                                     args.steps, on_trial=progress))
+        except ConfigurationError as refusal:  # this method refuses the model: a row that says so, and on
+            print(f"  refused: {refusal}", flush=True)
+            rows.append(refused_row(privatizer, device, args.batch, str(refusal)))
+        write()
         plot_frontier(rows, cap_mb, f"{title} ({device_name})", out / FRONTIER_PLOT, _optimizer(args.overrides))
     print(frontier_table(rows, cap_mb, device_name, time.perf_counter() - started))
     print(f"wrote {out / FRONTIER_FILE} and {out / FRONTIER_PLOT}")
     return rows
+
+
+def _remaining(started: float, done: int, total: int) -> str:
+    """About how long the methods after the `done` finished ones take, at the mean so far (unknown before one)."""
+    if done == 0:
+        return ""
+    elapsed = time.perf_counter() - started
+    return f" ({elapsed:.0f} s so far; about {elapsed / done * (total - done):.0f} s left at the mean of {done})"
 
 
 def _optimizer(overrides: list[str]) -> str:

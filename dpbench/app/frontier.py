@@ -8,9 +8,10 @@ batch 1" (the GRAPE paper's OOM).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
-from dpbench.app.max_batch import MEMORY_FIELDS, Trial, find_max_batch
+from dpbench.app.max_batch import MEMORY_FIELDS, MaxBatchResult, Trial, find_max_batch
 
 FRONTIER_FIELDS = {
     **MEMORY_FIELDS,
@@ -49,10 +50,11 @@ def _fitting(trials: list[Trial], batch_size: int) -> Trial | None:
 
 def frontier_row(
     privatizer: str, overrides: list[str], cap_mb: float, fixed_batch: int, limit: int, resolution: float, steps: int,
+    on_trial: Callable[[MaxBatchResult], None] | None = None,
 ) -> FrontierRow:
     """The search starts at the fixed batch, so its trial is also the fixed-batch measurement."""
     result = find_max_batch([*overrides, f"privatizer={privatizer}"], cap_mb, start=fixed_batch, limit=limit,
-                            resolution=resolution, steps=steps, model_may_not_fit=True)
+                            resolution=resolution, steps=steps, model_may_not_fit=True, on_trial=on_trial)
     at_max = _fitting(result.trials, result.max_batch_size)
     at_fixed = _fitting(result.trials, fixed_batch)
     interpreter = next((t.interpreter_rss_mb for t in result.trials if t.interpreter_rss_mb is not None), None)

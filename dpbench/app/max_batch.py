@@ -19,6 +19,7 @@ import signal
 import statistics
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from queue import Empty
@@ -253,9 +254,15 @@ def footprint_error(overrides: list[str], batch_size: int, cap_mb: float, failed
         f"above {needed:.0f}")
 
 
+def most_trials(start: int, limit: int, resolution: float) -> int:
+    """An upper bound on a search's trials: doublings from `start` to `limit`, then bisection to `resolution`."""
+    doublings = max(0, math.ceil(math.log2(max(limit, start) / start))) + 1
+    return doublings + max(1, math.ceil(math.log2(1 / resolution))) + 1
+
+
 def find_max_batch(
     overrides: list[str], cap_mb: float, start: int = 8, limit: int = 1 << 16, resolution: float = 0.05,
-    steps: int = 2, model_may_not_fit: bool = False,
+    steps: int = 2, model_may_not_fit: bool = False, on_trial: Callable[[MaxBatchResult], None] | None = None,
 ) -> MaxBatchResult:
     """Double from `start` until a trial fails, then bisect to within `resolution` (relative); below `start` when
     even it fails. Raises ConfigurationError when the cap is below what the process needs before any step, unless
@@ -274,9 +281,14 @@ def find_max_batch(
         measured = f", peak {trial.process_peak_mb:.0f} MB" if trial.process_peak_mb is not None else ""
         rate = f", {trial.samples_per_s:.1f} samples/s" if trial.samples_per_s is not None else ""
         setup = f", setup {trial.setup_s:.0f} s" if trial.setup_s is not None else ""
-        print(f"  batch {batch_size:>6}: {'fits' if trial.fits else 'fails'} (polled resident "
-              f"{trial.process_peak_rss_mb or 0:.0f} MB{measured}{rate}{setup}) {trial.reason}", flush=True)
+        print(f"  trial {len(result.trials)} (of at most {bound}) batch {batch_size:>6}: "
+              f"{'fits' if trial.fits else 'fails'} (polled resident {trial.process_peak_rss_mb or 0:.0f} MB"
+              f"{measured}{rate}{setup}) {trial.reason}", flush=True)
+        if on_trial is not None:
+            on_trial(result)
         return trial.fits
+
+    bound = most_trials(start, limit, resolution)
 
     if fits(start):
         low, high = start, None

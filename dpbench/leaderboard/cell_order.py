@@ -66,6 +66,9 @@ class Scheduler:
         self.planned.append(cell)
         if self.dry_run:  # what is recorded, else what a run would most likely give
             return recorded(cell, self.root) or "done"
+        earlier = recorded(cell, self.root)
+        if earlier is not None:  # recorded by an earlier invocation: not news, and no new timestamp
+            return earlier
         state = run_cell(cell, self.root, self.env, self.launcher, self.parameters)
         log.info("%-8s %s", state, cell.directory(self.root).relative_to(self.root))
         return state

@@ -27,6 +27,10 @@ class Remaining:
         """At --jobs J the time divides by J at best: fewer pipelines left than jobs divide it by less."""
         if not self.to_run:
             return f"all {self.recorded_cells} cells are recorded"
+        if self.unestimated == len(self.to_run):
+            return (f"{self.recorded_cells} cells recorded, {len(self.to_run)} to run at least (grids that grow add "
+                    "more): no task has a finished cell yet, so there is no time to estimate from (a cell's time is "
+                    "that of its task's finished cells); run the suite a while, then --dry-run again")
         hours = self.seconds / 3600
         text = (f"{self.recorded_cells} cells recorded, {len(self.to_run)} to run at least (grids that grow add "
                 f"more): about {hours:.1f} h of cell processes, {hours / jobs:.1f} h at --jobs {jobs} at best, from "

@@ -76,10 +76,7 @@ class Entry:
     def interval(self) -> tuple[float, float] | None:
         """Student-t 95% interval of the mean over seeds (None under two seeds), within an accuracy's 0-1: over few
         seeds with one diverged, the t interval reaches past both ends."""
-        found = interval95(self.values)
-        if found is None or self.metric != "accuracy":
-            return found
-        return max(found[0], 0.0), min(found[1], 1.0)
+        return interval95(self.values, (0.0, 1.0) if self.metric == "accuracy" else (None, None))
 
     def cost(self, name: str) -> float | None:
         """The median over seeds: two cells share this machine at a time, and one seed's run beside a heavier cell

@@ -14,6 +14,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from statistics import mean
 from typing import Any
 
 import matplotlib
@@ -24,6 +25,7 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 
 from dpbench.report.labels import Task, legend_of, task_of, task_slug, task_title  # noqa: E402
+from dpbench.report.stats import interval95  # noqa: E402
 from dpbench.report.style import style_of  # noqa: E402
 
 # What sets the spent epsilon: a line of the metric-vs-epsilon plot runs along these.
@@ -85,10 +87,18 @@ def nonprivate_baselines(entries: list[dict[str, Any]]) -> list[Series]:
 
 
 def throughput_bars(entries: list[dict[str, Any]]) -> list[Bar]:
-    """One bar per configuration (never a mean over epsilons or batch sizes), in table order."""
+    """One bar per method configuration, pooled over the privacy budgets (epsilon and sigma do not change a step's
+    cost) but never over batch sizes or models, in table order; the whisker is over every run pooled."""
     legend = legend_of(entries)
-    return [Bar(legend.label(e), e["method"], e["samples_per_s"], e.get("samples_per_s_ci95"), e["seeds"])
-            for e in entries if _finite(e["samples_per_s"])]
+    groups: dict[str, list[dict[str, Any]]] = defaultdict(list)
+    for entry in entries:
+        if _finite(entry["samples_per_s"]):
+            groups[legend.label(entry, EPSILON_KEYS)].append(entry)
+    bars = []
+    for label, members in groups.items():
+        runs = [value for member in members for value in member.get("samples_per_s_runs") or [member["samples_per_s"]]]
+        bars.append(Bar(label, members[0]["method"], mean(runs), interval95(runs, (0.0, None)), len(runs)))
+    return bars
 
 
 def _repeat_index(methods: list[str]) -> list[int]:
@@ -113,6 +123,18 @@ def _whiskers(axes: Axes, xs: list[float], ys: list[float], items: Sequence[Poin
                   **{"xerr" if along_x else "yerr": [below, above]})
 
 
+def _dodges(series: list[Series]) -> list[float]:
+    """A small x offset per line where lines share an x (every method at the same epsilon), so that their markers and
+    whiskers sit side by side instead of on top of each other."""
+    xs = [p.x for line in series for p in line.points if math.isfinite(p.x)]
+    shared = len(xs) != len(set(xs))
+    if not shared or len(series) < 2:
+        return [0.0] * len(series)
+    span = (max(xs) - min(xs)) or abs(xs[0]) or 1.0
+    step = 0.012 * span
+    return [step * (index - (len(series) - 1) / 2) for index in range(len(series))]
+
+
 def _axes(title: str, what: str, size: tuple[float, float] = (6, 4)) -> tuple[Figure, Axes]:
     figure, axes = plt.subplots(figsize=size)
     axes.set_title(f"{title}\n{what}", fontsize=10)
@@ -127,9 +149,10 @@ def draw_lines(series: list[Series], title: str, xlabel: str, ylabel: str, basel
                logy: bool = False) -> Figure:
     spread = any(p.interval for line in [*series, *baselines] for p in line.points)
     figure, axes = _axes(title, f"{ylabel} vs {xlabel}" + (" (mean and 95% interval over seeds)" if spread else ""))
-    for line, repeat in zip(series, _repeat_index([s.method for s in series]), strict=True):
+    offsets = _dodges(series)
+    for line, repeat, offset in zip(series, _repeat_index([s.method for s in series]), offsets, strict=True):
         style = style_of(line.method)
-        xs, ys = [p.x for p in line.points], [p.y for p in line.points]
+        xs, ys = [p.x + offset for p in line.points], [p.y for p in line.points]
         axes.plot(xs, ys, marker=style.marker, color=style.colour, linestyle=LINESTYLES[repeat % len(LINESTYLES)],
                   label=line.label)
         _whiskers(axes, xs, ys, line.points, style.colour)

@@ -25,6 +25,16 @@ FIRST = ("label", "method", "optimizer", "model", "model_size", "parameters", "d
          "test_metric", "private", "projections", "config")
 
 
+BOUNDED_METRICS = ("accuracy",)
+"""Test metrics that lie in [0, 1]; every other (a loss) and every cost is only non-negative."""
+
+
+def value_range(column: str, row: dict[str, Any]) -> tuple[float | None, float | None]:
+    if column == "test_value" and row.get("test_metric") in BOUNDED_METRICS:
+        return 0.0, 1.0
+    return 0.0, None
+
+
 def _entry(members: list[dict[str, Any]], axes: list[str], extra: list[str]) -> dict[str, Any]:
     first = members[0]
     entry = {key: first[key] for key in FIRST}
@@ -33,7 +43,9 @@ def _entry(members: list[dict[str, Any]], axes: list[str], extra: list[str]) -> 
     for column, field in MEANS.items():
         entry[column] = mean_of([member[field] for member in members])
     for column in INTERVALS:
-        entry[f"{column}_ci95"] = interval95([member[column] for member in members])
+        entry[f"{column}_ci95"] = interval95([member[column] for member in members], value_range(column, first))
+    entry["samples_per_s_runs"] = [m["samples_per_s"] for m in members
+                                   if m["samples_per_s"] is not None and math.isfinite(m["samples_per_s"])]
     entry["seeds"] = len(members)
     return entry
 
@@ -73,8 +85,18 @@ def _markdown_cell(entry: dict[str, Any], column: str) -> str:
     """A non-private run's target epsilon is shown as unused: it keeps such runs apart without claiming privacy."""
     target = entry["config"].get("privacy.epsilon")
     if column == "target_epsilon" and not entry["private"] and target is not None:
-        return f"{_cell(target)} (unused)"
+        return f"{_epsilon_cell(target)} (unused)"
+    if column in EPSILONS:
+        return _epsilon_cell(entry.get(column))
     return _cell(entry.get(column))
+
+
+EPSILONS = ("epsilon", "target_epsilon")
+"""Columns read side by side: one fixed number of decimals ("8.00", "7.96", "2.99"), never "8" beside "2.993"."""
+
+
+def _epsilon_cell(value: Any) -> str:
+    return f"{value:.2f}" if isinstance(value, int | float) and math.isfinite(value) else _cell(value)
 
 
 def markdown(table: list[dict[str, Any]], columns: list[str]) -> str:
