@@ -325,7 +325,8 @@ def _training_session(cfg: DictConfig, prepared: PreparedRun, ledger: PrivacyLed
     if paper:
         log.warning("privatizer=%s with optimizer=%s: its paper's method uses optimizer=%s; this run is labelled %s",
                     strategy.name, typed.optimizer.name, paper, method)
-    profiler = ProfilerCallback(typed.profiler.warmup_steps, typed.batch_size if plan.private else None)
+    profiler = ProfilerCallback(typed.profiler.warmup_steps, typed.batch_size if plan.private else None,
+                                typed.batch_size)
     epsilon_logger = EpsilonLogger(ledger) if plan.private else None
     wandb_id = _wandb_id(cfg, saved)
     signals = StopSignals()
@@ -455,11 +456,12 @@ def _results(cfg: DictConfig, prepared: PreparedRun, ledger: PrivacyLedger, sess
         validation_score=float(evaluation.validated[f"val/{metric}"]) if evaluation.validated else None,
         samples_per_s=profiler.samples_per_s,
         step_time_s=profiler.summary().get("profile/step_time_s"),
-        peak_memory_mb=(sum(profiler.rank_peaks_mb) if profiler.rank_peaks_mb
-                        else memory.peak_mb if memory else None),
+        peak_memory_mb=(sum(profiler.rank_peaks_mb) if profiler.rank_peaks_mb else profiler.peak_mb),
         rank_peak_memory_mb=profiler.rank_peaks_mb,
+        resident_peak_mb=memory.peak_mb if memory and memory.device.type == "cpu" else None,
         max_memory_reserved_mb=memory.max_memory_reserved_mb if memory else None,
-        memory_method=memory.method if memory else None,
+        max_memory_allocated_mb=memory.max_memory_allocated_mb if memory else None,
+        memory_method=profiler.memory_method,
         page_faults_per_step=profiler.page_faults_per_step,
         host_memory=prepared.host_memory,
         train_time_s=evaluation.wall_s - (epsilon_logger.seconds if epsilon_logger else 0.0),  # not accounting's

@@ -102,7 +102,9 @@ class RunResults:
     step_time_s: float | None
     peak_memory_mb: float | None
     rank_peak_memory_mb: list[float] | None
+    resident_peak_mb: float | None
     max_memory_reserved_mb: float | None
+    max_memory_allocated_mb: float | None
     memory_method: str | None
     page_faults_per_step: float | None
     host_memory: str | None
