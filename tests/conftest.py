@@ -3,6 +3,7 @@ import os
 import pytest
 from hypothesis import Phase, settings
 
+from dpbench.app import hydra_setup
 from dpbench.app.hydra_setup import setup as setup_hydra
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -18,7 +19,7 @@ if "PYTEST_XDIST_WORKER" in os.environ:
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 # Hydra's config store holds the schemas and every plugin's config group, as a run's does (tests compose configs
-# with hydra.compose directly).
+# with the `compose` fixture, and a few with hydra.compose directly).
 setup_hydra()
 
 # CI replays the same property-test examples every run (a failure reproduces locally with
@@ -38,3 +39,30 @@ def _models_as_built(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyP
     from dpbench.privatizers.per_sample import construction
 
     monkeypatch.setattr(construction, "built_structure", provenance.structure)
+
+
+@pytest.fixture
+def compose():
+    """dpbench.app.hydra_setup.compose: `compose(overrides, config_name="config")` is the config that
+    `python -m dpbench OVERRIDES` composes (dpbench's conf dir, the schemas, every plugin's config group), the one
+    code path the library composes through. Module-level helpers that compose call that function directly."""
+    return hydra_setup.compose
+
+
+@pytest.fixture
+def tiny_task():
+    """A small image classifier, its ClassificationTask and a batch of 6 (tests/helpers/tiny_task.py), the same in
+    every test: for tests of a privatized step that need some model, not a particular one. Building the model seeds
+    torch's global generator with 0."""
+    from tests.helpers.tiny_task import tiny_task as build_tiny_task
+
+    return build_tiny_task()
+
+
+@pytest.fixture
+def small_fashion_mnist(tmp_path):
+    """512 training and 256 test images of the real Fashion-MNIST in the Debian package's layout, under tmp_path;
+    skips the test when dataset-fashion-mnist is not installed (tests/helpers/fashion_mnist.py)."""
+    from tests.helpers.fashion_mnist import small_fashion_mnist as fashion_mnist_subset
+
+    return fashion_mnist_subset(tmp_path / "fashion-mnist")

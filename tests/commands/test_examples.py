@@ -14,8 +14,8 @@ from torch import nn
 
 from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers import PrivacySettings, StepContext, make_strategy
-from tests.cli import FAST, ROOT, results
-from tests.per_sample_reference import loop_gradients, loop_norms
+from tests.helpers.cli import FAST, ROOT, results
+from tests.helpers.per_sample_reference import loop_gradients, loop_norms
 
 EXAMPLES = ROOT / "examples"
 

@@ -5,9 +5,8 @@ import re
 
 import pytest
 
-from tests.cli import FAST, results
-from tests.cli import dpbench as run_cli
-from tests.commands.test_plan_cli import plan
+from tests.helpers.cli import FAST, plan, results
+from tests.helpers.cli import dpbench as run_cli
 
 LABELS = {("vanilla", "sgd"): "DP-SGD", ("vanilla", "adam"): "DP-Adam", ("d2p2", "sgd"): "D2P2-SGD",
           ("d2p2", "adam"): "D2P2-Adam (paper: SGD)"}

@@ -3,22 +3,11 @@ training, output directories or the sweep report."""
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 
-from tests.cli import ROOT, dpbench, results
+from tests.helpers.cli import ROOT, dpbench, plan, results
 
 LINE = re.compile(r"sigma=(?P<sigma>[\d.e+-]+) q=(?P<q>[\d.e+-]+) steps=(?P<steps>\d+) epsilon=(?P<epsilon>[\d.e+-]+)")
-
-
-def plan(*args: str, pythonpath: str | None = None) -> subprocess.CompletedProcess:
-    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
-    if pythonpath:
-        env["PYTHONPATH"] = pythonpath
-    return subprocess.run([sys.executable, "-m", "dpbench.plan", *args], cwd=ROOT, env=env, capture_output=True,
-                          text=True, timeout=300)
 
 
 def test_plan_is_the_plan_the_run_trains_with(tmp_path):

@@ -23,8 +23,8 @@ from dpbench.models import MODELS, build_model
 from dpbench.privatizers import STRATEGIES, PrivacySettings, make_strategy
 from dpbench.privatizers.privacy_plan import make_plan
 from dpbench.privatizers.vanilla import Vanilla
-from tests.cli import ROOT
-from tests.cli import dpbench as run_cli
+from tests.helpers.cli import ROOT
+from tests.helpers.cli import dpbench as run_cli
 
 EXAMPLES = ROOT / "examples"
 

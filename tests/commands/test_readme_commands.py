@@ -20,9 +20,9 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from dpbench.cli import config_dir
-from dpbench.core.config import Config, register_schemas, validated
-from tests.cli import ROOT
+from dpbench.app.hydra_setup import config_dir, setup
+from dpbench.core.config import Config, validated
+from tests.helpers.cli import ROOT
 
 PAGES = [ROOT / "README.md", *(ROOT / "docs" / f"{page}.md" for page in (
     "configuration", "privacy", "architecture", "methods", "plugins", "scale", "resume", "leaderboard-guide"))]
@@ -87,7 +87,7 @@ def _jobs(name: str, overrides: list[str], multirun: bool) -> list[list[str]]:
 @pytest.mark.parametrize("args", RUNS, ids=[" ".join(args) or "(default)" for args in RUNS])
 def test_readme_run_command_composes(args):
     multirun, directory, name, overrides = _split(args)
-    register_schemas()
+    setup()
     _start_hydra_as_the_cli_does(directory)
     try:
         jobs = _jobs(name, overrides, multirun)

@@ -7,12 +7,10 @@ import sys
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
-from dpbench.cli import config_dir
-from dpbench.core.config import Config, check_run_settings, register_schemas, validated
+from dpbench.core.config import Config, check_run_settings, validated
 from dpbench.core.errors import ConfigurationError
-from tests.cli import FAST, ROOT, dpbench
+from tests.helpers.cli import FAST, ROOT, dpbench
 
 REFUSED = [
     ("physical_batch_size=-1", "physical_batch_size must be a positive micro-batch size"),
@@ -47,10 +45,8 @@ def test_bad_setting_is_refused_in_one_line(tmp_path, override, message):
 
 
 @pytest.mark.parametrize("overrides,message", REFUSED_BY_THE_SCHEMA_CHECK)
-def test_bad_setting_is_refused_by_the_run_settings_check(overrides, message):
-    register_schemas()
-    with initialize_config_dir(config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=overrides.split())
+def test_bad_setting_is_refused_by_the_run_settings_check(overrides, message, compose):
+    cfg = compose(overrides.split())
     with pytest.raises(ConfigurationError, match=message):
         check_run_settings(validated(Config, cfg, "top-level"))
 

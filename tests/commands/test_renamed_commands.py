@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from tests.cli import ROOT
+from tests.helpers.cli import ROOT
 
 
 def _module(*args: str) -> subprocess.CompletedProcess:

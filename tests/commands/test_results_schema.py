@@ -10,7 +10,7 @@ import pytest
 
 from dpbench.core.errors import ConfigurationError
 from dpbench.core.results import SCHEMA_VERSION, RunResults, StoppedRun, read_results
-from tests.cli import FAST, ROOT, dpbench
+from tests.helpers.cli import FAST, ROOT, dpbench
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import FAST, ROOT, results
+from tests.helpers.cli import FAST, ROOT, results
 
 SWEEP = ["-m", "seed=0,1,2", "max_steps=30", "batch_size=100", "trainer.checkpoint_every_n_steps=2", *FAST]
 

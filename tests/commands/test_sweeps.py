@@ -4,7 +4,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.cli import FAST, ROOT, dpbench, results
+from tests.helpers.cli import FAST, ROOT, dpbench, results
 
 SWEEPS = sorted(p.stem for p in (ROOT / "sweeps").glob("*.yaml"))
 

@@ -8,14 +8,15 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
+from hydra import compose as hydra_compose
+from hydra import initialize_config_dir
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from dpbench.cli import config_dir
-from dpbench.core.config import Config, register_schemas, validated
+from dpbench.app.hydra_setup import config_dir, setup
+from dpbench.core.config import Config, validated
 from dpbench.plan import BASIC_SWEEPER
-from tests.cli import ROOT
+from tests.helpers.cli import ROOT
 
 SWEEPS = sorted(p.stem for p in (ROOT / "conf" / "sweep").glob("*.yaml"))
 
@@ -33,25 +34,31 @@ def test_a_shipped_sweep_is_planned_from_another_directory(tmp_path):
     assert list(tmp_path.iterdir()) == []
 
 
-@pytest.mark.parametrize("name", SWEEPS)
-def test_every_shipped_sweep_composes_each_job(name):
-    """Every job of a grid composes into a valid config; a search sweeper's keys are keys of the config."""
-    register_schemas()
+def sweeper_of(name: str):
+    """The `hydra.sweeper` node `+sweep=NAME` composes: the one config here composed with its hydra node
+    (return_hydra_config, which dpbench.app.hydra_setup.compose does not offer), so by hand on the same setup."""
+    setup()
     with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        sweeper = compose("config", overrides=[f"+sweep={name}"], return_hydra_config=True).hydra.sweeper
-        params = [f"{key}={value}" for key, value in OmegaConf.to_container(sweeper.params).items()]
-        assert params, f"sweep {name} sweeps nothing"
-        if sweeper._target_ != BASIC_SWEEPER:  # Optuna: its points are drawn while it runs
-            cfg = validated(Config, compose("config", overrides=[f"+sweep={name}"]), "top-level")
-            assert all(OmegaConf.select(OmegaConf.structured(cfg), p.partition("=")[0]) is not None for p in params)
-            return
-        grid = [[]]
-        for parsed in OverridesParser.create().parse_overrides(params):
-            values = [f"{parsed.get_key_element()}={value}" for value in parsed.sweep_string_iterator()]
-            grid = [job + [value] for job in grid for value in values]
-        assert len(grid) > 1
-        for job in grid:
-            validated(Config, compose("config", overrides=[f"+sweep={name}", *job]), "top-level")
+        return hydra_compose("config", overrides=[f"+sweep={name}"], return_hydra_config=True).hydra.sweeper
+
+
+@pytest.mark.parametrize("name", SWEEPS)
+def test_every_shipped_sweep_composes_each_job(name, compose):
+    """Every job of a grid composes into a valid config; a search sweeper's keys are keys of the config."""
+    sweeper = sweeper_of(name)
+    params = [f"{key}={value}" for key, value in OmegaConf.to_container(sweeper.params).items()]
+    assert params, f"sweep {name} sweeps nothing"
+    if sweeper._target_ != BASIC_SWEEPER:  # Optuna: its points are drawn while it runs
+        cfg = validated(Config, compose([f"+sweep={name}"]), "top-level")
+        assert all(OmegaConf.select(OmegaConf.structured(cfg), p.partition("=")[0]) is not None for p in params)
+        return
+    grid = [[]]
+    for parsed in OverridesParser.create().parse_overrides(params):
+        values = [f"{parsed.get_key_element()}={value}" for value in parsed.sweep_string_iterator()]
+        grid = [job + [value] for job in grid for value in values]
+    assert len(grid) > 1
+    for job in grid:
+        validated(Config, compose([f"+sweep={name}", *job]), "top-level")
 
 
 def test_the_checkout_spelling_names_the_same_sweeps():

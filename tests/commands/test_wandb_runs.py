@@ -2,8 +2,8 @@
 
 import pytest
 
-from tests.cli import FAST, dpbench, results
-from tests.wandb_records import logged_table, read_offline_run
+from tests.helpers.cli import FAST, dpbench, results
+from tests.helpers.wandb_records import logged_table, read_offline_run
 
 
 @pytest.fixture

@@ -18,55 +18,8 @@ from dpbench.leaderboard.claims import fmt_value
 from dpbench.leaderboard.launch import LAUNCHERS
 from dpbench.leaderboard.plots import pareto
 from dpbench.leaderboard.trial_cells import start_grid
+from tests.helpers.leaderboard_suites import TINY
 
-TINY = """
-delta: 1.0e-5
-common: [trainer.enable_progress_bar=false, trainer.checkpoint=false, trainer.check_val_every_n_epoch=null,
-         logger.csv=false, profiler.warmup_steps=1, eval_batch_size=1000]
-methods:
-  nonprivate: {label: non-private, overrides: [privatizer=nonprivate], optimizer: task, private: false}
-  dpsgd: {label: DP-SGD, overrides: [privatizer=vanilla], optimizer: sgd}
-  jl:
-    label: JL
-    overrides: [privatizer=jl]
-    optimizer: task
-    ladder: {key: privatizer.projections, short: r, values: [1], keep: 1}
-tasks:
-  cnn:
-    title: tiny CNN
-    note: Three steps only, so the numbers say nothing.
-    overrides: [model=cnn, data=mnist5k, batch_size=100, max_steps=3]
-    optimizer: sgd
-    lr: {sgd: [0.5, 2.0]}
-    clip: [0.5, 2.0]
-    validation_size: 200
-  vit:
-    title: tiny ViT
-    delta: 1.0e-6
-    overrides: [model=vit, data=mnist5k, batch_size=100, max_steps=3]
-    optimizer: sgd
-    lr: {sgd: [0.5, 2.0]}
-    clip: [0.5, 2.0]
-    validation_size: 200
-  absent:
-    title: data not installed
-    overrides: [model=cnn, data=fashion_mnist]
-    optimizer: sgd
-    lr: {sgd: [0.5, 2.0]}
-    clip: [0.5, 2.0]
-    validation_size: 200
-    requires: /nonexistent/fashion-mnist
-profiles:
-  tiny:
-    budgets: [1]
-    tune_epsilon: 1
-    tuning: {lr_points: 1, clip_points: 1, max_growth: 1, each_budget: false}
-    seeds: [0]
-    tasks:
-      cnn: {methods: [nonprivate, dpsgd]}
-      vit: {methods: [dpsgd, jl]}
-      absent: {methods: [dpsgd]}
-"""
 ENV = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
 
 
@@ -383,37 +336,33 @@ def test_jobs_below_one_is_a_usage_error(capsys):
 
 
 @pytest.mark.parametrize("profile", ["full", "quick"])
-def test_every_cell_of_the_shipped_suite_composes_into_a_valid_config(profile):
+def test_every_cell_of_the_shipped_suite_composes_into_a_valid_config(profile, compose):
     """A typo in conf/leaderboard/suite.yaml would otherwise surface hours into a run, as one cell's failure."""
-    from hydra import compose, initialize_config_dir
     from omegaconf import OmegaConf
 
-    from dpbench.cli import config_dir
-    from dpbench.core.config import Config, register_schemas, validated
+    from dpbench.core.config import Config, validated
     from dpbench.data import DATASETS
     from dpbench.leaderboard.cell_order import cell_for
     from dpbench.models import MODELS
     from dpbench.privatizers import STRATEGIES
 
     suite = load_suite(profile)
-    register_schemas()
     composed = 0
-    with initialize_config_dir(config_dir(), version_base="1.3"):
-        for task in suite.tasks:
-            for method in task.methods:
-                lr, clip = start_grid(suite, task, method).points()[0]
-                for variant in method.variants():
-                    cell = cell_for(suite, task, method, variant, "tune", suite.tune_epsilon, 0, 0, lr, clip)
-                    cfg = compose("config", overrides=cell.overrides)
-                    validated(Config, cfg, "top-level")
-                    model, data, privatizer = (OmegaConf.to_container(node, resolve=True)
-                                               for node in (cfg.model, cfg.data, cfg.privatizer))
-                    assert data.pop("validation_size") == task.validation_size  # load_data carves it, any data set
-                    for registry, node in ((MODELS, model), (DATASETS, data), (STRATEGIES, privatizer)):
-                        found, settings = registry.resolve(node)
-                        validated(found.schema, settings, registry.group)
-                    assert cfg.optimizer.name == task.optimizer_of(method) and cfg.optimizer.lr == lr
-                    composed += 1
+    for task in suite.tasks:
+        for method in task.methods:
+            lr, clip = start_grid(suite, task, method).points()[0]
+            for variant in method.variants():
+                cell = cell_for(suite, task, method, variant, "tune", suite.tune_epsilon, 0, 0, lr, clip)
+                cfg = compose(cell.overrides)
+                validated(Config, cfg, "top-level")
+                model, data, privatizer = (OmegaConf.to_container(node, resolve=True)
+                                           for node in (cfg.model, cfg.data, cfg.privatizer))
+                assert data.pop("validation_size") == task.validation_size  # load_data carves it, any data set
+                for registry, node in ((MODELS, model), (DATASETS, data), (STRATEGIES, privatizer)):
+                    found, settings = registry.resolve(node)
+                    validated(found.schema, settings, registry.group)
+                assert cfg.optimizer.name == task.optimizer_of(method) and cfg.optimizer.lr == lr
+                composed += 1
     assert composed >= sum(len(task.methods) for task in suite.tasks)
 
 

@@ -11,7 +11,7 @@ from dpbench.leaderboard.__main__ import main
 from dpbench.leaderboard.recost import SECTION_TITLE, rewrite
 from dpbench.leaderboard.report import CSV_COLUMNS
 from dpbench.leaderboard.scale import SECTION_TITLE as SCALE_TITLE
-from tests.leaderboard.test_leaderboard import TINY
+from tests.helpers.leaderboard_suites import TINY
 
 CHOSEN = [  # (task, variant, method, status, seed, epsilon, lr, clip, s/step, peak MB)
     ("cnn", "nonprivate", "nonprivate", "done", 3, "", 9.0, "", 0.05, 300.0),

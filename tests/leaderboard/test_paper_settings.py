@@ -6,24 +6,19 @@ import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
-from hydra import compose, initialize_config_dir
 
-from dpbench.cli import config_dir
-from dpbench.core.config import register_schemas
+from dpbench.app import hydra_setup
 from dpbench.core.errors import ConfigurationError
 from dpbench.core.tasks import NegativeSamplingTask
 from dpbench.data import DataBundle, TensorSplit
 from dpbench.data.corpus import as_pairs
 from dpbench.models import build_model
 from dpbench.models.word2vec import Word2Vec
-from tests.cli import FAST, dpbench, results
-from tests.leaderboard.test_tramer_boneh import small_fashion_mnist  # noqa: F401  (a fixture)
+from tests.helpers.cli import FAST, dpbench, results
 
 
 def composed(*overrides: str):
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return compose("config", overrides=list(overrides))
+    return hydra_setup.compose(overrides)
 
 
 def images(size: int, channels: int = 1) -> DataBundle:
@@ -90,7 +85,7 @@ def test_a_skipgram_pair_has_the_papers_loss():
 
 
 @pytest.mark.parametrize("privatizer", ["d2p2", "vanilla"])
-def test_the_d2p2_recipe_runs_through_the_cli(tmp_path, small_fashion_mnist, privatizer):  # noqa: F811
+def test_the_d2p2_recipe_runs_through_the_cli(tmp_path, small_fashion_mnist, privatizer):
     dim = ["privatizer.dim=9958"] if privatizer == "d2p2" else []
     run = dpbench("+experiment=d2p2_paper_fashion_mnist", f"privatizer={privatizer}", *dim,
                   f"data.fashion_mnist_dir={small_fashion_mnist}", "batch_size=128", "max_steps=2",

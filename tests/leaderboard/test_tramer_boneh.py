@@ -2,24 +2,19 @@
 paper's epsilon 3 under the paper's own accountant, and both recipes run through the CLI on real Fashion-MNIST
 (a small subset; skipped without Debian's dataset-fashion-mnist)."""
 
-import gzip
 import math
-from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from scipy.special import gammaln, logsumexp
 
 from dpbench import SubsampledGaussian, calibrate, epsilon
-from dpbench.cli import config_dir
-from dpbench.core.config import register_schemas
+from dpbench.app import hydra_setup
 from dpbench.data import DataBundle, TensorSplit, load_data
 from dpbench.models import build_model
-from tests.cli import FAST, dpbench, results
+from tests.helpers.cli import FAST, dpbench, results
 
-FASHION_MNIST = Path("/usr/share/datasets/fashion-mnist")
 TRAIN_SIZE = 60_000
 # Tramer & Boneh, Table 1 (epsilon 3, delta 1e-5) and its hyperparameter table; the architecture and the [0, 1]
 # inputs from their code (github.com/ftramer/Handcrafted-DP: models.py MNIST_CNN and ScatterLinear, data.py).
@@ -43,9 +38,7 @@ COMMON = {
 
 
 def composed(experiment: str):
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return compose("config", overrides=[f"+experiment={experiment}"])
+    return hydra_setup.compose([f"+experiment={experiment}"])
 
 
 def value(cfg, dotted: str):
@@ -99,32 +92,6 @@ def test_the_papers_noise_is_epsilon_3_under_its_accountant_and_less_under_dpben
     assert spent == pytest.approx(2.385, abs=0.02)
     calibrated = calibrate(lambda s: [(SubsampledGaussian(q, s), steps)], cfg.privacy.epsilon, cfg.privacy.delta)
     assert calibrated < 0.87 * sigma
-
-
-def _subset(source: Path, target: Path, count: int) -> None:
-    """The first `count` records of an IDX file (gzip), in the same format."""
-    with gzip.open(source, "rb") as handle:
-        data = handle.read()
-    dims = data[3]
-    shape = [int.from_bytes(data[4 + 4 * i : 8 + 4 * i], "big") for i in range(dims)]
-    record = math.prod(shape[1:])
-    header = data[:4] + count.to_bytes(4, "big") + data[8 : 4 + 4 * dims]
-    with gzip.open(target, "wb") as handle:
-        handle.write(header + data[4 + 4 * dims : 4 + 4 * dims + count * record])
-
-
-@pytest.fixture
-def small_fashion_mnist(tmp_path) -> Path:
-    """512 training and 256 test images of the real Fashion-MNIST, in the Debian package's layout."""
-    if not (FASHION_MNIST / "train-images-idx3-ubyte.gz").exists():
-        pytest.skip("Fashion-MNIST not installed: apt-get install dataset-fashion-mnist")
-    folder = tmp_path / "fashion-mnist"
-    folder.mkdir()
-    for split, count in (("train", 512), ("t10k", 256)):
-        for kind in ("images-idx3", "labels-idx1"):
-            name = f"{split}-{kind}-ubyte.gz"
-            _subset(FASHION_MNIST / name, folder / name, count)
-    return folder
 
 
 def test_the_recipes_pixels_lie_in_0_1_as_the_papers(small_fashion_mnist):

@@ -20,9 +20,9 @@ from dpbench.core.errors import UnsupportedModelError
 from dpbench.models.provenance import built_by_dpbench
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers.per_sample.construction import fast_path_refusal
-from tests.cli import FAST, ROOT, final_weights
-from tests.cli import dpbench as run_cli
-from tests.construction_models import (
+from tests.helpers.cli import FAST, ROOT, final_weights
+from tests.helpers.cli import dpbench as run_cli
+from tests.helpers.construction_models import (
     FEATURES,
     FlipMix,
     OutlierCentring,

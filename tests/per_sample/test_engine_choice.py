@@ -9,8 +9,8 @@ import dpbench
 from benchmarks.engines import CASES, engine_of, rows
 from dpbench.models.provenance import built_by_dpbench
 from dpbench.privatizers.per_sample.construction import fast_path_refusal
-from tests.construction_models import FEATURES, WarmupMixup
-from tests.transformer_models import bert, image_batch, opt, text_batch, vit
+from tests.helpers.construction_models import FEATURES, WarmupMixup
+from tests.helpers.transformer_models import bert, image_batch, opt, text_batch, vit
 
 
 @pytest.mark.parametrize("name", ["cnn", "vit", "lstm", "minilm", "minilm (LoRA)", "opt", "word2vec"])
@@ -20,7 +20,7 @@ def test_each_built_in_model_keeps_the_hook_engine(name):
 
 def test_a_plugin_model_of_its_own_class_runs_under_vmap_naming_it():
     overrides, data = CASES["cnn"]
-    engine = engine_of({"_target_": "tests.construction_models.build_user_model", "name": "user"}, data)
+    engine = engine_of({"_target_": "tests.helpers.construction_models.build_user_model", "name": "user"}, data)
     assert engine.startswith("functorch (vmap)") and "Flattened" in engine
 
 

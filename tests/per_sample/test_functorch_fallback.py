@@ -11,33 +11,11 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from dpbench.core.errors import UnsupportedModelError
 from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers.per_sample import FunctorchEngine
-from tests.per_sample_reference import (
-    assert_matches_loop,
-    assert_only_the_replaced_norm_moves,
-    loop_gradients,
-    loop_norms,
-)
+from tests.helpers.per_sample_reference import assert_matches_loop, check_exact, loop_gradients
 
 TASK = ClassificationTask()
 FEATURES, HIDDEN, CLASSES = 3, 4, 3
 LOGGER = "dpbench.privatizers.per_sample.functorch"
-
-
-def check_exact(model: nn.Module, batch, other, looped: bool = False) -> None:
-    """Per-sample gradients, norms and clipped sum against the loop; replacing one sample moves its norm only;
-    `looped`: whether the engine had to leave vmap for its per-example loop."""
-    engine = FunctorchEngine(model)
-    reference = loop_gradients(model, batch)
-    assert_matches_loop(engine.per_sample_gradients(TASK, batch), reference)
-    norms = loop_norms(reference)
-    clip = float(norms.median())
-    result = engine.clipped_sum(TASK, batch, clip)
-    torch.testing.assert_close(result.norms, norms, atol=1e-6, rtol=1e-6)
-    for name in reference[0]:
-        expected = sum(min(1.0, clip / (float(n) + 1e-6)) * r[name] for n, r in zip(norms, reference, strict=True))
-        torch.testing.assert_close(result.grads[name], expected, atol=1e-6, rtol=1e-6)
-    assert_only_the_replaced_norm_moves(lambda b: engine.clipped_sum(TASK, b, 1.0).norms, batch, other)
-    assert engine.per_example_loop == looped
 
 
 class Recurrent(nn.Module):

@@ -9,8 +9,8 @@ from transformers import T5ForSequenceClassification as T5Classifier
 from transformers.masking_utils import ALL_MASK_ATTENTION_FUNCTIONS, sdpa_mask
 
 from dpbench.models.hf import SequenceClassifier
-from tests.per_sample.test_functorch_fallback import check_exact
-from tests.transformer_models import bert, gpt2, opt, roberta
+from tests.helpers.per_sample_reference import check_exact
+from tests.helpers.transformer_models import bert, gpt2, opt, roberta
 
 EOS = 1
 

@@ -10,10 +10,9 @@ from dpbench.core.tasks import ClassificationTask
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.per_sample.forward_mode.compiled import PADDED_SIZES, pad_batch, padded_size
-from tests.cli import FAST, dpbench, results
-from tests.models import CASES, sequence_batch
-from tests.privatizers.test_jl import DropoutMLP, small_lstm
-from tests.transformer_models import image_batch, vit
+from tests.helpers.cli import FAST, dpbench, results
+from tests.helpers.models import CASES, DropoutMLP, sequence_batch, small_lstm
+from tests.helpers.transformer_models import image_batch, vit
 
 pytestmark = pytest.mark.models_as_built
 

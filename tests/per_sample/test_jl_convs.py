@@ -8,29 +8,10 @@ import torch.nn.functional as F
 from torch import nn
 
 from dpbench.privatizers.per_sample.forward_mode import rules
-from tests.jl_projections import projections, projections_and_reference
+from tests.helpers.jl_projections import projections, projections_and_reference
+from tests.helpers.tangent_models import ConvNet
 
 pytestmark = pytest.mark.models_as_built
-
-
-class ConvNet(nn.Module):
-    """Two convolutions (the first reads data, so its input has no tangent), tanh between, a linear head."""
-
-    def __init__(self, dims: int, groups: int = 1, bias: bool = True, padding_mode: str = "zeros", dilation: int = 1,
-                 frozen_weight: bool = False, frozen: bool = False):
-        super().__init__()
-        conv = {1: nn.Conv1d, 2: nn.Conv2d, 3: nn.Conv3d}[dims]
-        self.first = conv(2, 4, 3, padding="same" if dilation > 1 else 1, dilation=dilation, bias=bias,
-                          padding_mode=padding_mode)
-        self.second = conv(4, 6, 2, stride=2, groups=groups, bias=bias)
-        self.head = nn.LazyLinear(3)
-        if frozen_weight or frozen:
-            self.second.weight.requires_grad_(False)
-        if frozen:
-            self.second.bias.requires_grad_(False)
-
-    def forward(self, x):
-        return self.head(torch.tanh(self.second(torch.tanh(self.first(x)))).flatten(1))
 
 
 CASES = {

@@ -11,7 +11,7 @@ from torch import nn
 from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers import jl as jl_module
 from dpbench.privatizers.per_sample.forward_mode import pool as pool_rule
-from tests.privatizers.test_jl import jl
+from tests.helpers.jl_projections import jl
 
 pytestmark = pytest.mark.models_as_built
 

@@ -7,51 +7,16 @@ import contextlib
 
 import pytest
 import torch
-import torch.nn.functional as F
 from torch import nn
 
 from dpbench.privatizers import jl as jl_module
 from dpbench.privatizers.per_sample.forward_mode import linear as linear_rule
 from dpbench.privatizers.per_sample.forward_mode import pointwise as pointwise_rule
 from dpbench.privatizers.per_sample.forward_mode.rules import tangent_rules
-from tests.jl_projections import projections, projections_and_reference
+from tests.helpers.jl_projections import projections, projections_and_reference
+from tests.helpers.tangent_models import FEATURES, TOKENS, Block, SharedLayer
 
 pytestmark = pytest.mark.models_as_built
-
-TOKENS, FEATURES = 3, 5
-
-
-class Block(nn.Module):
-    """A transformer block: a data-reading linear layer (no input tangent), LayerNorm, two-head attention (torch's
-    rule, between linear layers that take the rule), GELU, residuals."""
-
-    def __init__(self, bias: bool = True, affine: bool = True, norm_bias: bool = True, approximate: str = "none",
-                 norm_over_tokens: bool = False, frozen: tuple[str, ...] = ()):
-        super().__init__()
-        self.embed = nn.Linear(FEATURES, 8, bias=bias)
-        shape = (TOKENS, 8) if norm_over_tokens else (8,)
-        self.norm = nn.LayerNorm(shape, elementwise_affine=affine, bias=norm_bias)
-        self.query, self.key, self.value = (nn.Linear(8, 8, bias=bias) for _ in range(3))
-        self.up = nn.Linear(8, 12, bias=bias)
-        self.down = nn.Linear(12, 8, bias=bias)
-        self.head = nn.Linear(8, 3)
-        self.approximate = approximate
-        for name in frozen:
-            self.get_parameter(name).requires_grad_(False)
-
-    def _attention(self, h):
-        heads = [layer(h).unflatten(-1, (2, 4)).transpose(-2, -3) for layer in (self.query, self.key, self.value)]
-        out = F.scaled_dot_product_attention(*heads)
-        return out.transpose(-2, -3).flatten(-2)
-
-    def forward(self, x):
-        h = self.embed(x)
-        normed = self.norm(h)
-        if h.dim() == 3:
-            h = h + self._attention(normed)
-        h = h + self.down(F.gelu(self.up(normed), approximate=self.approximate))
-        return self.head(h.mean(1) if h.dim() == 3 else h)
-
 
 CASES = {
     "all trainable": dict(),
@@ -121,20 +86,6 @@ def test_the_vmapped_chunk_takes_each_rule_once_per_layer(monkeypatch):
         monkeypatch.setattr(owner, name, staticmethod(counting))
     projections(Block(), (torch.randn(6, TOKENS, FEATURES), torch.randint(0, 3, (6,))), chunk_size=4)
     assert sorted(calls) == ["_GeluTangents", "_LayerNormTangents"] + ["_LinearTangents"] * 7
-
-
-class SharedLayer(nn.Module):
-    """One linear layer applied twice with an in-place activation between: a tangent that aliased a direction's
-    storage would be written by the second call."""
-
-    def __init__(self):
-        super().__init__()
-        self.shared = nn.Linear(4, 4)
-        self.head = nn.Linear(4, 3)
-
-    def forward(self, x):
-        h = torch.relu_(self.shared(x))
-        return self.head(h + self.shared(h))
 
 
 @pytest.mark.parametrize("chunk_size", [1, 4], ids=["dual pass", "vmap chunk"])

@@ -9,7 +9,7 @@ from dpbench.core.tasks import ClassificationTask
 from dpbench.models.cnn import LargeCNN
 from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, MaterializedEngine, make_engine
 from dpbench.privatizers.per_sample.sites import DenseSite
-from tests.models import CASES
+from tests.helpers.models import CASES
 
 pytestmark = pytest.mark.models_as_built
 

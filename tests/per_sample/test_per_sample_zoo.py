@@ -1,6 +1,6 @@
 """Exact per-sample clipping or a clear refusal, never wrong numbers: every layer type with parameters, the patterns
-that fool module hooks and tiny Hugging Face models (tests/zoo_models.py), in float64 against a per-example loop,
-through vanilla's privatize and its make_engine('auto') engine; the hook-based strategies on the same patterns."""
+that fool module hooks and tiny Hugging Face models (tests/helpers/zoo_models.py), in float64 against a per-example
+loop, through vanilla's privatize and its make_engine('auto') engine; the hook-based strategies on the same patterns."""
 
 import logging
 import re
@@ -14,14 +14,14 @@ from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, make_engine
-from tests.per_sample_reference import (
+from tests.helpers.per_sample_reference import (
     TOLERANCE,
     assert_matches_loop,
     assert_only_the_replaced_norm_moves,
     loop_gradients,
     loop_norms,
 )
-from tests.zoo_models import PATTERNS, SAMPLES, ZOO, Entry
+from tests.helpers.zoo_models import PATTERNS, SAMPLES, ZOO, Entry
 
 pytestmark = pytest.mark.models_as_built
 

@@ -9,70 +9,28 @@ from torch.nn.utils.rnn import pack_padded_sequence
 from dpbench.core.errors import UnsupportedModelError
 from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers.per_sample import HookEngine, make_engine
-from tests.per_sample_reference import (
+from tests.helpers.per_sample_reference import (
     assert_matches_loop,
     assert_only_the_replaced_norm_moves,
     loop_gradients,
     loop_norms,
 )
+from tests.helpers.recurrent_models import (
+    CLASSES,
+    CONFIGURATIONS,
+    FEATURES,
+    HIDDEN,
+    KINDS,
+    configuration_name,
+    model_and_batches,
+)
 
 pytestmark = pytest.mark.models_as_built
 
 TASK = ClassificationTask()
-FEATURES, HIDDEN, CLASSES = 3, 4, 3
-
-KINDS = {
-    "rnn_tanh": lambda **kw: nn.RNN(FEATURES, HIDDEN, nonlinearity="tanh", **kw),
-    "rnn_relu": lambda **kw: nn.RNN(FEATURES, HIDDEN, nonlinearity="relu", **kw),
-    "gru": lambda **kw: nn.GRU(FEATURES, HIDDEN, **kw),
-    "lstm": lambda **kw: nn.LSTM(FEATURES, HIDDEN, **kw),
-}
 
 
-class ReadsEveryOutput(nn.Module):
-    """A Linear before the recurrent layer, and a head reading its output sequence and its final state(s)."""
-
-    def __init__(self, recurrent: nn.RNNBase):
-        super().__init__()
-        self.inside = nn.Linear(FEATURES, FEATURES)
-        self.recurrent = recurrent
-        directions = 2 if recurrent.bidirectional else 1
-        states = 2 if isinstance(recurrent, nn.LSTM) else 1
-        self.head = nn.Linear(HIDDEN * directions + HIDDEN * states, CLASSES)
-
-    def forward(self, x):
-        x = torch.tanh(self.inside(x))  # (B, T, F)
-        if not self.recurrent.batch_first:
-            x = x.transpose(0, 1)
-        output, state = self.recurrent(x)
-        finals = [state[-1]] if isinstance(state, torch.Tensor) else [s[-1] for s in state]
-        return self.head(torch.cat([torch.tanh(output).mean(1 if self.recurrent.batch_first else 0), *finals], 1))
-
-
-def model_and_batches(kind: str, seed: int = 0, size: int = 5, **options):
-    torch.manual_seed(seed)
-    model = ReadsEveryOutput(KINDS[kind](**options)).double()
-    generator = torch.Generator().manual_seed(seed + 1)
-
-    def batch():
-        x = torch.randn(size, 6, FEATURES, generator=generator, dtype=torch.float64)
-        return x, torch.randint(0, CLASSES, (size,), generator=generator)
-
-    return model, batch(), batch()
-
-
-CONFIGURATIONS = [  # every (num_layers, bidirectional) pair, and each of bias and batch_first both ways with both
-    {"num_layers": layers, "bidirectional": bidirectional, "bias": bias, "batch_first": batch_first}
-    for layers, bidirectional, bias, batch_first in [(1, False, True, True), (1, True, False, False),
-                                                     (2, False, False, True), (2, True, True, False)]
-]
-
-
-def _name(options: dict) -> str:
-    return "-".join(f"{key}={value}" for key, value in options.items())
-
-
-@pytest.mark.parametrize("options", CONFIGURATIONS, ids=_name)
+@pytest.mark.parametrize("options", CONFIGURATIONS, ids=configuration_name)
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_hook_rule_matches_a_per_example_loop(kind, options):
     model, batch, other = model_and_batches(kind, **options)

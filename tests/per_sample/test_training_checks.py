@@ -24,7 +24,7 @@ from dpbench.privatizers.per_sample import PerSampleMismatch
 from dpbench.privatizers.per_sample.check_schedule import CheckSchedule
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
-from tests.checked_models import (
+from tests.helpers.checked_models import (
     GatedSortedBranch,
     GradientOnlyMixing,
     NoiseLayer,
@@ -32,7 +32,7 @@ from tests.checked_models import (
     TrainModeCentering,
     TrainModeStandardizing,
 )
-from tests.cli import FAST, dpbench
+from tests.helpers.cli import FAST, dpbench
 
 pytestmark = pytest.mark.models_as_built
 

@@ -15,13 +15,10 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 import dpbench.app.run as run_module
-from dpbench.cli import config_dir
-from dpbench.core.config import register_schemas
 from dpbench.core.errors import ConfigurationError
-from tests.cli import FAST, ROOT, dpbench
+from tests.helpers.cli import FAST, ROOT, dpbench
 
 UNSAFE = "which no dpbench checkpoint holds"
 
@@ -64,15 +61,13 @@ def test_resume_refuses_a_checkpoint_that_runs_code_and_changes_nothing(tmp_path
     assert not (run_dir / "results.json").exists() and not (run_dir / "csv").exists()
 
 
-def test_lightnings_own_restore_refuses_it_too(tmp_path, monkeypatch):
+def test_lightnings_own_restore_refuses_it_too(tmp_path, monkeypatch, compose):
     """Lightning reads last.ckpt again inside `fit`: a file swapped in after the resume check (or any torch setting
     that would let it unpickle freely) must not run code there either. The real checkpoint the run writes first
     needs nothing outside torch's weights-only set (the allow-list): weights, the optimizer's and the strategy's
     state (GRAPE's projected Adam), the ledger, the secret randomness, RNG states and the run state."""
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=["max_steps=2", "batch_size=400", "privatizer=grape", "optimizer=adam",
-                                           "privacy.secure_rng=true", "logger.wandb=false", *FAST])
+    cfg = compose(["max_steps=2", "batch_size=400", "privatizer=grape", "optimizer=adam", "privacy.secure_rng=true",
+                   "logger.wandb=false", *FAST])
     run_module.run_experiment(cfg, tmp_path)
     written = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
     assert {"state_dict", "optimizer_states", "dpbench", "dpbench_run"} <= set(written)

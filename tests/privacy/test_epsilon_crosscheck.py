@@ -11,15 +11,13 @@ import math
 import lightning as L
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from torch import nn
 from torch.utils.data import TensorDataset
 
 import dpbench
+from dpbench.app import hydra_setup
 from dpbench.app.run import run_experiment
-from dpbench.cli import config_dir
-from dpbench.core.config import register_schemas
 from dpbench.core.results import RunResults, read_results
 from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.ledger import DeclaredComposition, PrivacyLedger
@@ -149,11 +147,9 @@ def test_own_lightning_trainer_reports_the_declared_composition(caplog):
 
 
 def _run(tmp_path, *overrides: str) -> RunResults:
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=["max_steps=4", "batch_size=200", "logger.wandb=false",
-                                           "trainer.enable_progress_bar=false", "trainer.checkpoint=false",
-                                           "eval_batch_size=1000", *overrides])
+    cfg = hydra_setup.compose(["max_steps=4", "batch_size=200", "logger.wandb=false",
+                               "trainer.enable_progress_bar=false", "trainer.checkpoint=false", "eval_batch_size=1000",
+                               *overrides])
     return run_experiment(cfg, tmp_path)
 
 
@@ -200,15 +196,12 @@ def test_an_extended_d2p2_run_is_checked_against_the_plans_its_steps_were_taken_
     assert report.epsilon < naive.epsilon_lower  # what a check against composition(sigma, steps) would have flagged
 
 
-def test_every_epochs_epsilon_is_checked_not_only_the_last(tmp_path):
+def test_every_epochs_epsilon_is_checked_not_only_the_last(tmp_path, compose):
     """The per-epoch figure (the CSV, W&B and privacy_ledger.json) comes from a coarser accountant: it is
     cross-checked too, so no epoch of the under-reporting plugin logs epsilon 0."""
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=["max_steps=6", "batch_size=2000", "logger.wandb=false",
-                                           "trainer.enable_progress_bar=false", "trainer.checkpoint=false",
-                                           "eval_batch_size=1000",
-                                           "+privatizer._target_=tests.privacy.test_epsilon_crosscheck.ZeroRateSteps"])
+    cfg = compose(["max_steps=6", "batch_size=2000", "logger.wandb=false", "trainer.enable_progress_bar=false",
+                   "trainer.checkpoint=false", "eval_batch_size=1000",
+                   "+privatizer._target_=tests.privacy.test_epsilon_crosscheck.ZeroRateSteps"])
     run_experiment(cfg, tmp_path)
     history = json.loads((tmp_path / "privacy_ledger.json").read_text())["epsilon_spent"]
     assert len(history) == 3

@@ -9,8 +9,8 @@ from scipy import stats
 
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privacy.sampling import PoissonBatchSampler
-from tests.cli import FAST, dpbench, final_weights
-from tests.trainer_run import fit, index_data
+from tests.helpers.cli import FAST, dpbench, final_weights
+from tests.helpers.trainer_run import fit, index_data
 
 pytestmark = pytest.mark.models_as_built
 

@@ -10,7 +10,7 @@ from dpbench.core.errors import UnsupportedModelError
 from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers.per_sample import HookEngine
 from dpbench.privatizers.per_sample.verify import RandomDraws, as_trained_without_dropout
-from tests.per_sample_reference import loop_gradients
+from tests.helpers.per_sample_reference import loop_gradients
 
 pytestmark = pytest.mark.models_as_built
 

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 
 from dpbench.core.redaction import redact_saved_configs
 from dpbench.training.checkpoint_io import AtomicCheckpointIO
-from tests.cli import FAST, dpbench, results
+from tests.helpers.cli import FAST, dpbench, results
 
 SEED = 424242987
 SPELLINGS = [f"+privacy.seed={SEED}", f"privacy.seed={SEED}", f"++privacy.seed={SEED}", f"privacy={{seed:{SEED}}}"]

@@ -4,17 +4,15 @@ publishes, its public seed included, and privacy.secure_rng reaches every secret
 import numpy as np
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 
 import dpbench.privacy.randomness as randomness_module
-from dpbench.cli import config_dir
-from dpbench.core.config import register_schemas
+from dpbench.app import hydra_setup
 from dpbench.core.errors import ConfigurationError
 from dpbench.data import load_data
 from dpbench.models import build_model
 from dpbench.privacy.randomness import STREAMS, PrivacyRandomness, PrivateStream
-from tests.cli import FAST, dpbench, final_weights
-from tests.trainer_run import fit, index_data
+from tests.helpers.cli import FAST, dpbench, final_weights
+from tests.helpers.trainer_run import fit, index_data
 
 pytestmark = pytest.mark.models_as_built
 
@@ -25,9 +23,7 @@ def initial_weights(seed: int) -> tuple[torch.Tensor, list[torch.Size]]:
     """theta_0 as anyone can rebuild it from the published config (seed_everything, then the model)."""
     import lightning as L
 
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=[f"seed={seed}"])
+    cfg = hydra_setup.compose([f"seed={seed}"])
     L.seed_everything(seed, verbose=False)
     model = build_model(cfg.model, load_data(cfg.data))
     params = [p.detach() for p in model.parameters()]

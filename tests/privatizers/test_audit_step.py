@@ -83,7 +83,7 @@ def test_sparse_passes_the_audit_through_its_own_update():
     from dpbench.core.optim import OptimizerConfig
     from dpbench.core.tasks import NegativeSamplingTask
     from dpbench.models.word2vec import Word2Vec
-    from tests.architectures.test_word2vec import w2v_batch
+    from tests.helpers.models import w2v_batch
 
     background, _ = w2v_batch(40, 12, seed=1), None
     canary_inputs = {"center": torch.tensor([3]), "context": torch.tensor([[3, 3, 3, 3]]),

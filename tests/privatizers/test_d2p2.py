@@ -18,7 +18,7 @@ from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.gaussian_projection import GaussianProjection
 from dpbench.privatizers.implicit_projection import ImplicitProjection
 from dpbench.privatizers.per_sample import trainable_parameters
-from tests.models import CASES, cnn_batch
+from tests.helpers.models import CASES, cnn_batch
 
 pytestmark = pytest.mark.models_as_built
 

@@ -13,8 +13,8 @@ from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import HookEngine
 from dpbench.privatizers.projections import RandomProjections
-from tests.cli import FAST, dpbench, results
-from tests.transformer_models import TRANSFORMERS
+from tests.helpers.cli import FAST, dpbench, results
+from tests.helpers.transformer_models import TRANSFORMERS
 
 pytestmark = pytest.mark.models_as_built
 
@@ -179,20 +179,15 @@ EXPERIMENTS = ["grape_vit_mnist", "grape_memory", "grape_minilm_sentiment", "gra
 
 
 @pytest.mark.parametrize("name", EXPERIMENTS)
-def test_experiments_compose_into_valid_configs(name):
-    from hydra import compose, initialize_config_dir
-
-    from dpbench.core.config import Config, register_schemas, validated
+def test_experiments_compose_into_valid_configs(name, compose):
+    from dpbench.core.config import Config, validated
     from dpbench.data import DATASETS
     from dpbench.models import MODELS
     from dpbench.privatizers import STRATEGIES
-    from tests.cli import ROOT
 
-    register_schemas()
     switch = {"grape_vit_mnist": "dp_galore", "grape_memory": "vanilla", "grape_minilm_sentiment": "vanilla"}
     overrides = [f"+experiment={name}"] + ([f"privatizer={switch[name]}"] if name in switch else [])
-    with initialize_config_dir(str(ROOT / "conf"), version_base=None):
-        cfg = compose("config", overrides=overrides)
+    cfg = compose(overrides)
     validated(Config, cfg, "top-level")
     validated(MODELS[cfg.model.name].schema, cfg.model, "model")
     validated(DATASETS[cfg.data.name].schema, cfg.data, "data")

@@ -9,21 +9,17 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from dpbench.core.tasks import ClassificationTask
-from dpbench.models.lstm import LSTMClassifier, LSTMConfig
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
-from tests.cli import FAST, dpbench, results
-from tests.models import CASES, sequence_batch
-from tests.transformer_models import bert, text_batch
+from tests.helpers.cli import FAST, dpbench, results
+from tests.helpers.jl_projections import jl
+from tests.helpers.models import CASES, DropoutMLP, sequence_batch, small_lstm
+from tests.helpers.transformer_models import bert, text_batch
 
 pytestmark = pytest.mark.models_as_built
 
 TASK = ClassificationTask()
-
-
-def small_lstm():
-    return LSTMClassifier(8, 3, LSTMConfig(embedding_dim=6, hidden_size=5, dense_size=4))
 
 
 MODELS = {
@@ -32,11 +28,6 @@ MODELS = {
     "lstm": (small_lstm, sequence_batch),  # the recurrent path: graph forward first, then the LSTM tangent rule
     "bert": (bert, text_batch),
 }
-
-
-def jl(r: int, sigma: float = 1.0, clip: float = 1.0, chunk_size: int | None = None, seed: int = 0):
-    settings = PrivacySettings(clip, 0.1, sigma, PrivacyRandomness(seed))
-    return make_strategy(OmegaConf.create({"name": "jl", "projections": r, "chunk_size": chunk_size}), settings)
 
 
 def loop_gradients(model, batch):
@@ -229,18 +220,6 @@ class DropoutLSTM(torch.nn.Module):
     def forward(self, ids):
         out, _ = self.lstm(self.dropout(self.embedding(ids)))
         return self.output(self.dropout(out[:, -1]))
-
-
-class DropoutMLP(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.embedding = torch.nn.Embedding(8, 6)
-        self.hidden = torch.nn.Linear(6, 5)
-        self.output = torch.nn.Linear(5, 3)
-        self.dropout = torch.nn.Dropout(0.5)
-
-    def forward(self, ids):
-        return self.output(self.dropout(torch.relu(self.hidden(self.dropout(self.embedding(ids).mean(1))))))
 
 
 @pytest.mark.parametrize("build", [DropoutLSTM, DropoutMLP])

@@ -10,7 +10,7 @@ from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import HookEngine
-from tests.models import CASES, cnn_batch
+from tests.helpers.models import CASES, cnn_batch
 
 pytestmark = pytest.mark.models_as_built
 
@@ -80,23 +80,23 @@ def test_empty_batch_is_a_noise_only_step():
     assert float(noise.std()) == pytest.approx(2.0, rel=0.1)
 
 
-def test_noise_comes_from_its_own_seeded_generator():
-    model = torch.nn.Linear(10, 3)
-    batch = (torch.randn(4, 10), torch.randint(0, 3, (4,)))
+def test_noise_comes_from_its_own_seeded_generator(tiny_task):
+    model, task, batch = tiny_task.model, tiny_task.task, tiny_task.batch
+    weight = model[-1].weight
     grads = []
     for _ in range(2):
         torch.manual_seed(123)
         global_state = torch.get_rng_state()
         strategy = vanilla(sigma=1.0, seed=7)
         strategy.attach(model)
-        strategy.privatize(model, TASK, batch, StepContext(0, 4.0))
+        strategy.privatize(model, task, batch, StepContext(0, 4.0))
         assert torch.equal(torch.get_rng_state(), global_state), "the global RNG must not be consumed"
-        grads.append(model.weight.grad.clone())
+        grads.append(weight.grad.clone())
     torch.testing.assert_close(grads[0], grads[1])
     other = vanilla(sigma=1.0, seed=8)
     other.attach(model)
-    other.privatize(model, TASK, batch, StepContext(0, 4.0))
-    assert not torch.allclose(model.weight.grad, grads[0])
+    other.privatize(model, task, batch, StepContext(0, 4.0))
+    assert not torch.allclose(weight.grad, grads[0])
 
 
 def test_every_trainable_parameter_gets_a_private_gradient_and_frozen_ones_none():

@@ -17,7 +17,7 @@ from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.coordinate_selection import exponential_top_k, sparse_vector, uniform_untouched
-from tests.architectures.test_word2vec import w2v_batch
+from tests.helpers.models import w2v_batch
 
 pytestmark = pytest.mark.models_as_built
 

@@ -3,7 +3,7 @@
 import subprocess
 import sys
 
-from tests.cli import FAST, ROOT, dpbench, results
+from tests.helpers.cli import FAST, ROOT, dpbench, results
 
 
 def test_sparse_word2vec_experiment_and_canary_audit(tmp_path):

@@ -12,13 +12,12 @@ from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import FunctorchEngine, HookEngine, MaterializedEngine
-from tests.cli import FAST, dpbench, results
-from tests.jl_projections import projections_and_reference
-from tests.models import CASES, cnn_batch
-from tests.per_sample.test_jl_convs import ConvNet
-from tests.per_sample.test_jl_tangent_rules import Block, SharedLayer
-from tests.per_sample_reference import loop_gradients
-from tests.transformer_models import TRANSFORMERS
+from tests.helpers.cli import FAST, dpbench, results
+from tests.helpers.jl_projections import projections_and_reference
+from tests.helpers.models import CASES, cnn_batch
+from tests.helpers.per_sample_reference import loop_gradients
+from tests.helpers.tangent_models import Block, ConvNet, SharedLayer
+from tests.helpers.transformer_models import TRANSFORMERS
 
 pytestmark = [pytest.mark.cuda, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 

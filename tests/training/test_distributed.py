@@ -98,7 +98,7 @@ def test_the_cli_trains_under_lightning_ddp_and_accounts_each_step_once(tmp_path
 
     from dpbench.privacy.accountant import PrivacyAccountant
     from dpbench.privacy.mechanisms import SubsampledGaussian
-    from tests.cli import FAST, dpbench, results
+    from tests.helpers.cli import FAST, dpbench, results
 
     run = dpbench("trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "max_steps=4",
                   "trainer.checkpoint=false", f"hydra.run.dir={tmp_path}", *FAST, fresh_interpreter=True)

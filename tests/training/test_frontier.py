@@ -14,7 +14,7 @@ from dpbench.app import max_batch
 from dpbench.app.frontier import frontier_row
 from dpbench.app.max_batch import Trial, find_max_batch
 from dpbench.core.errors import ConfigurationError
-from tests.cli import ROOT
+from tests.helpers.cli import ROOT
 
 TINY = ["data=digits", "model=cnn_large", "model.width=8", "model.hidden=8", "optimizer=adam"]
 PNG = b"\x89PNG\r\n\x1a\n"

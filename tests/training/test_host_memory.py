@@ -13,8 +13,8 @@ import pytest
 
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.profiling import ProfilerCallback
-from tests.cli import FAST, dpbench, results
-from tests.trainer_run import fit, index_data
+from tests.helpers.cli import FAST, dpbench, results
+from tests.helpers.trainer_run import fit, index_data
 
 glibc = pytest.mark.skipif(platform.libc_ver()[0] != "glibc", reason="the setting is glibc's")
 STEADY = ["privacy.sampling=shuffle", "batch_size=250", "max_steps=30", "profiler.warmup_steps=15",

@@ -13,7 +13,7 @@ from dpbench.app import max_batch
 from dpbench.app.max_batch import Trial, find_max_batch, run_trial
 from dpbench.core.errors import ConfigurationError
 from dpbench.report.build import build_report
-from tests.cli import ROOT
+from tests.helpers.cli import ROOT
 
 TINY = ["data=digits", "model=cnn_large", "model.width=8", "model.hidden=8"]
 

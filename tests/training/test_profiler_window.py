@@ -17,8 +17,8 @@ from dpbench.profiling import ProfilerCallback
 from dpbench.training.callbacks import EpsilonLogger
 from dpbench.training.datamodule import DPDataModule
 from dpbench.training.module import DPModule
-from tests.cli import FAST, dpbench, results
-from tests.trainer_run import IndexModel, index_data
+from tests.helpers.cli import FAST, dpbench, results
+from tests.helpers.trainer_run import IndexModel, index_data
 
 SCRATCH_MB = 256
 PAUSE_S = 1.0
@@ -80,14 +80,10 @@ def test_sparse_word2vec_peak_memory_is_its_own(tmp_path):
     assert peaks["sparse"] < peaks["vanilla"] + 100, peaks
 
 
-def test_a_runs_training_time_leaves_out_its_per_epoch_accounting(tmp_path, monkeypatch):
+def test_a_runs_training_time_leaves_out_its_per_epoch_accounting(tmp_path, monkeypatch, compose):
     """Through the CLI's run: two epoch ends each spend slow_s in the accountant (D2P2's twelve noise buckets took
     0.6 s an epoch on the CNN here, more than its steps); train_time_s leaves that out, epsilon_log_time_s says it."""
-    from hydra import compose, initialize_config_dir
-
     from dpbench.app.run import run_experiment
-    from dpbench.cli import config_dir
-    from dpbench.core.config import register_schemas
 
     slow_s, epsilon = 5.0, PrivacyAccountant.epsilon
     fit_started = []
@@ -100,12 +96,9 @@ def test_a_runs_training_time_leaves_out_its_per_epoch_accounting(tmp_path, monk
     monkeypatch.setattr(PrivacyAccountant, "epsilon", slow_epsilon)
     monkeypatch.setattr(L.Trainer, "fit", lambda trainer, *args, fit=L.Trainer.fit, **kwargs: (
         fit_started.append(True), fit(trainer, *args, **kwargs))[1])
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=["model=cnn", "data=mnist5k", "batch_size=1500", "max_steps=6",
-                                           "privacy.noise_multiplier=1.0", "logger.wandb=false", "logger.csv=false",
-                                           "trainer.enable_progress_bar=false", "trainer.checkpoint=false",
-                                           "trainer.check_val_every_n_epoch=null", "eval_batch_size=1000"])
+    cfg = compose(["model=cnn", "data=mnist5k", "batch_size=1500", "max_steps=6", "privacy.noise_multiplier=1.0",
+                   "logger.wandb=false", "logger.csv=false", "trainer.enable_progress_bar=false",
+                   "trainer.checkpoint=false", "trainer.check_val_every_n_epoch=null", "eval_batch_size=1000"])
     out = run_experiment(cfg, tmp_path)
     assert out.epochs == 2
     assert out.epsilon_log_time_s >= 2 * slow_s

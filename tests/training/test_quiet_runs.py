@@ -17,7 +17,7 @@ from pathlib import Path
 
 from dpbench.app.run_output import LIBRARY_WARNINGS, library_warnings_to_log
 from dpbench.leaderboard.launch import launch_fork
-from tests.cli import FAST, ROOT, dpbench
+from tests.helpers.cli import FAST, ROOT, dpbench
 
 SUMMARY_LINES = 15
 WHOLE_RUN_BAR = re.compile(r"\d+/20 \[\d\d:\d\d<\d\d:\d\d")  # steps of the run, elapsed < ETA

@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from dpbench.training.checkpoint_io import load_checkpoint
-from tests.cli import FAST, ROOT, dpbench, final_weights, results
+from tests.helpers.cli import FAST, ROOT, dpbench, final_weights, results
 
 STEPS = 40
 ARGS = [  # explicit privacy seed: reproducible, so the resumed weights can be compared bit for bit

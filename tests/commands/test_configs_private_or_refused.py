@@ -20,6 +20,7 @@ from dpbench.privacy import PrivacyAccountant
 from dpbench.privatizers import STRATEGIES, PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.privacy_plan import make_plan
+from tests.helpers.tiny_task import tiny_batch, tiny_classifier
 
 N = 400
 def mostly(valid, hostile):
@@ -47,11 +48,6 @@ VALID_KNOBS = {
 # optimizer the strategy does not drive.
 VALID_REFUSALS = ("unreachable", "privacy.max_epsilon", "optimizer=", "privacy.allow_infinite_epsilon")
 IMAGE_STRATEGIES = sorted(name for name in STRATEGIES if name != "sparse")
-
-
-def _model() -> torch.nn.Module:
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
 
 
 VALID = {
@@ -95,7 +91,7 @@ def check(name, data, hostile, epsilon, delta, noise, batch_size, clip, steps):
             raise ConfigurationError(f"batch_size {batch_size}")  # what run_experiment raises before planning
         rate = batch_size / N
         strategy = make_strategy(OmegaConf.create({"name": name, **knobs}), PrivacySettings(clip, rate, noise))
-        model = _model()
+        model = tiny_classifier()  # the tiny_task fixture's model, built anew for each example
         config = PrivacyConfig(epsilon=epsilon, delta=delta, noise_multiplier=noise, clip_norm=clip,
                                accountant_eps_error=0.05)
         plan = make_plan(strategy, config, rate, steps, model)
@@ -114,8 +110,7 @@ def check(name, data, hostile, epsilon, delta, noise, batch_size, clip, steps):
         if plan.calibrated:
             assert spent.epsilon <= epsilon * 1.001
         assert math.isfinite(plan.planned_epsilon) or not plan.calibrated
-    generator = torch.Generator().manual_seed(0)
-    batch = torch.randn(batch_size % 7 + 1, 1, 4, 4, generator=generator), torch.randint(0, 3, (batch_size % 7 + 1,))
+    batch = tiny_batch(batch_size % 7 + 1)
     strategy.privatize(model, ClassificationTask(), batch, StepContext(0, float(batch_size)))
     strategy.apply_update(optimizer)
     assert all(torch.isfinite(p).all() for p in model.parameters())

@@ -6,23 +6,20 @@ import math
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 
+from dpbench.app import hydra_setup
 from dpbench.app.run import prepare_run
-from dpbench.core.config import register_schemas
 from dpbench.core.errors import ConfigurationError, MissingDataError
 from dpbench.privacy.calibration import SIGMA_MIN
-from tests.cli import FAST, ROOT, dpbench, results
+from tests.helpers.cli import FAST, ROOT, dpbench, results
 
 EXPERIMENTS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 JL_SWEEPS = sorted(p.stem for p in (ROOT / "conf" / "sweep").glob("jl_*.yaml"))
 
 
 def plan_of(*overrides: str):
-    register_schemas()
-    with initialize_config_dir(config_dir=str(ROOT / "conf"), version_base="1.3"):
-        return prepare_run(compose("config", overrides=list(overrides)))
+    return prepare_run(hydra_setup.compose(overrides))
 
 
 def test_default_jl_plans_a_finite_epsilon_at_the_default_budget():

@@ -1,9 +1,11 @@
-"""Small models covering every layer type the hook engine has a rule for."""
+"""Small models covering every layer type the hook engine has a rule for, a few others several tests share, and
+their batches."""
 
 import torch
 from torch import nn
 
 from dpbench.models.cnn import TFPrivacyCNN
+from dpbench.models.lstm import LSTMClassifier, LSTMConfig
 
 
 class SequenceModel(nn.Module):
@@ -37,6 +39,25 @@ class TiedModel(nn.Module):
         return self.head(torch.tanh(self.shared(torch.tanh(self.shared(x)))))
 
 
+class DropoutMLP(nn.Module):
+    """Dropout before and after a hidden layer over sequence_batch's tokens: a model that draws random numbers."""
+
+    def __init__(self):
+        super().__init__()
+        self.embedding = torch.nn.Embedding(8, 6)
+        self.hidden = torch.nn.Linear(6, 5)
+        self.output = torch.nn.Linear(5, 3)
+        self.dropout = torch.nn.Dropout(0.5)
+
+    def forward(self, ids):
+        return self.output(self.dropout(torch.relu(self.hidden(self.dropout(self.embedding(ids).mean(1))))))
+
+
+def small_lstm() -> nn.Module:
+    """dpbench's LSTM classifier at its smallest, over sequence_batch's 8 tokens and 3 classes."""
+    return LSTMClassifier(8, 3, LSTMConfig(embedding_dim=6, hidden_size=5, dense_size=4))
+
+
 def cnn_batch(size: int = 6, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(size, 1, 28, 28, generator=generator), torch.randint(0, 10, (size,), generator=generator)
@@ -51,6 +72,17 @@ def sequence_batch(size: int = 5, length: int = 7, seed: int = 0):
 def tied_batch(size: int = 5, seed: int = 0):
     generator = torch.Generator().manual_seed(seed)
     return torch.randn(size, 6, generator=generator), torch.randint(0, 2, (size,), generator=generator)
+
+
+def w2v_batch(vocab: int, size: int, seed: int = 0, window: int = 4, negatives: int = 8):
+    """A word2vec batch over `vocab` words: each sample's center word (also its target), context and negatives."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs = {
+        "center": torch.randint(vocab, (size,), generator=generator),
+        "context": torch.randint(vocab, (size, window), generator=generator),
+        "negatives": torch.randint(vocab, (size, negatives), generator=generator),
+    }
+    return inputs, inputs["center"].clone()
 
 
 def features_model() -> nn.Module:

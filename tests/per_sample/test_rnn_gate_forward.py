@@ -7,13 +7,16 @@ import torch
 from torch import nn
 
 from dpbench.core.errors import UnsupportedModelError
+from dpbench.core.tasks import ClassificationTask
 from dpbench.privatizers.per_sample import HookEngine, rnn_recompute
 from dpbench.privatizers.per_sample.rnn_gate_forward import Recurrence
 from dpbench.privatizers.per_sample.rnn_unrolled import LayerWeights, run_layer
-from tests.per_sample.test_recurrent_rules import CONFIGURATIONS, KINDS, TASK, _name, model_and_batches
-from tests.per_sample_reference import assert_matches_loop, loop_gradients, loop_norms
+from tests.helpers.per_sample_reference import assert_matches_loop, loop_gradients, loop_norms
+from tests.helpers.recurrent_models import CONFIGURATIONS, KINDS, configuration_name, model_and_batches
 
 pytestmark = pytest.mark.models_as_built
+
+TASK = ClassificationTask()
 
 MODES = {"rnn_tanh": "RNN_TANH", "rnn_relu": "RNN_RELU", "gru": "GRU", "lstm": "LSTM"}
 
@@ -27,7 +30,7 @@ def no_second_pass(monkeypatch):
     monkeypatch.setattr(rnn_recompute, "run_layer", refuse)
 
 
-@pytest.mark.parametrize("options", CONFIGURATIONS, ids=_name)
+@pytest.mark.parametrize("options", CONFIGURATIONS, ids=configuration_name)
 @pytest.mark.parametrize("kind", sorted(KINDS))
 def test_gate_gradients_from_the_main_backward_match_a_per_example_loop(kind, options, no_second_pass):
     model, batch, _ = model_and_batches(kind, **options)

@@ -11,8 +11,8 @@ from torch import Tensor, nn
 
 from dpbench.models.d2p2_cnn import D2P2PaperCNN
 from dpbench.models.hf import SequenceClassifier
-from tests import transformer_models
-from tests.checked_models import TrainModeCentering
+from tests.helpers import transformer_models
+from tests.helpers.checked_models import TrainModeCentering
 
 SAMPLES, CLASSES = 4, 3
 

@@ -1,13 +1,22 @@
-"""JL's projections of a small model, with the directions it drew, and the same projections by a per-example loop:
-the reference that the tangent rules' tests compare against."""
+"""DP-SGD-JL as its tests build it, JL's projections of a small model with the directions it drew, and the same
+projections by a per-example loop: the reference that the tangent rules' tests compare against."""
 
 import torch
+from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from dpbench.core.tasks import ClassificationTask
-from tests.privatizers.test_jl import jl, loop_gradients
+from dpbench.privacy.randomness import PrivacyRandomness
+from dpbench.privatizers import PrivacySettings, make_strategy
+from tests.helpers.per_sample_reference import loop_gradients
 
 TASK = ClassificationTask()
+
+
+def jl(r: int, sigma: float = 1.0, clip: float = 1.0, chunk_size: int | None = None, seed: int = 0):
+    """DP-SGD-JL with r projections (sampling rate 0.1), its draws seeded by `seed`."""
+    settings = PrivacySettings(clip, 0.1, sigma, PrivacyRandomness(seed))
+    return make_strategy(OmegaConf.create({"name": "jl", "projections": r, "chunk_size": chunk_size}), settings)
 
 
 def projections(model: nn.Module, batch, chunk_size: int, drawn: list | None = None) -> Tensor:

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from dpbench.components import main
-from tests.cli import ROOT
+from tests.helpers.cli import ROOT
 
 EXAMPLES = ROOT / "examples"
 

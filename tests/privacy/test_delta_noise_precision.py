@@ -8,27 +8,24 @@ import logging
 import lightning as L
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from torch import nn
 from torch.utils.data import TensorDataset
 
 import dpbench
+from dpbench.app import hydra_setup
 from dpbench.app.run import prepare_run, run_experiment
-from dpbench.cli import config_dir
-from dpbench.core.config import Config, check_run_settings, register_schemas, validated
+from dpbench.core.config import Config, check_run_settings, validated
 from dpbench.core.errors import ConfigurationError
-from tests.cli import FAST
-from tests.cli import dpbench as run_cli
+from tests.helpers.cli import FAST
+from tests.helpers.cli import dpbench as run_cli
 
 MNIST5K = 4000
 """Training samples of the default data set: 1/N = 2.5e-4, 1/N^1.1 = 1.1e-4."""
 
 
 def _config(*overrides: str):
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        return compose("config", overrides=["max_steps=4", "logger.wandb=false", "trainer.enable_progress_bar=false",
-                                            "trainer.checkpoint=false", *overrides])
+    return hydra_setup.compose(["max_steps=4", "logger.wandb=false", "trainer.enable_progress_bar=false",
+                                "trainer.checkpoint=false", *overrides])
 
 
 # -- delta against 1/N ---------------------------------------------------------------------------------------------

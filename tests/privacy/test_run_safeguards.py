@@ -4,22 +4,18 @@ import json
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from omegaconf import OmegaConf
 from scipy import stats
 
 from dpbench.app.run import run_experiment
-from dpbench.cli import config_dir
-from dpbench.core.config import register_schemas
 from dpbench.core.errors import ConfigurationError
-from dpbench.core.tasks import ClassificationTask
 from dpbench.privacy import PrivacyAccountant, SubsampledGaussian
 from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
 from dpbench.privatizers.per_sample import HookEngine
 from dpbench.training.module import DPModule
-from tests.cli import FAST, dpbench, results
+from tests.helpers.cli import FAST, dpbench, results
 
 
 def test_secure_noise_is_standard_normal_and_leaves_torch_rngs_alone():
@@ -53,28 +49,24 @@ def test_stop_on_budget_trains_only_the_steps_the_budget_covers(tmp_path):
     assert ledger["epsilon_spent"][-1] == {"steps": steps, "epsilon": out["epsilon"]}  # the final, exact figure
 
 
-def test_out_of_memory_suggests_micro_batches(tmp_path, monkeypatch):
+def test_out_of_memory_suggests_micro_batches(tmp_path, monkeypatch, compose):
     def out_of_memory(self, batch, batch_idx):
         raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
 
     monkeypatch.setattr(DPModule, "training_step", out_of_memory)
-    register_schemas()
-    with initialize_config_dir(config_dir=config_dir(), version_base="1.3"):
-        cfg = compose("config", overrides=["max_steps=2", "logger.wandb=false", "trainer.enable_progress_bar=false"])
+    cfg = compose(["max_steps=2", "logger.wandb=false", "trainer.enable_progress_bar=false"])
     with pytest.raises(ConfigurationError, match="physical_batch_size=125"):
         run_experiment(cfg, tmp_path)
 
 
 @pytest.mark.parametrize("name", ["vanilla", "jl", "grape", "dp_galore", "d2p2", "d2p_sgd", "dp2_sgd"])
-def test_a_nan_sample_is_dropped_counted_and_never_poisons_the_update(name):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(16, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+def test_a_nan_sample_is_dropped_counted_and_never_poisons_the_update(name, tiny_task):
+    model, (inputs, targets) = tiny_task.model, tiny_task.batch
     strategy = make_strategy(OmegaConf.create({"name": name}), PrivacySettings(1.0, 0.1, 1.0))
     strategy.prepare(model, 10, 1e-5, None, PrivacyAccountant())
     strategy.attach(model)
-    inputs, targets = torch.randn(6, 1, 4, 4), torch.randint(0, 3, (6,))
     inputs[3, 0, 0, 0] = float("nan")  # sample B/2: one the hook engine's first-batch check compares
-    output = strategy.privatize(model, ClassificationTask(), (inputs, targets), StepContext(0, 6.0))
+    output = strategy.privatize(model, tiny_task.task, (inputs, targets), StepContext(0, 6.0))
     assert output.stats["nonfinite_samples"] == 1
     assert all(torch.isfinite(p.grad).all() for p in model.parameters() if p.grad is not None)
     engine = getattr(strategy, "engine", None)

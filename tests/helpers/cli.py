@@ -21,7 +21,7 @@ import torch
 
 from dpbench.training.checkpoint_io import load_checkpoint
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 FAST = ["trainer.enable_progress_bar=false", "eval_batch_size=1000"]
 
 
@@ -67,6 +67,15 @@ def _run_cli(args: list[str], env: dict[str, str], stdout: str, stderr: str) -> 
     from dpbench.cli import main
 
     main()  # multiprocessing turns its SystemExit or exception into the exit code, as the interpreter would
+
+
+def plan(*args: str, pythonpath: str | None = None) -> subprocess.CompletedProcess:
+    """`python -m dpbench.plan ARGS` in a process of its own, in the checkout (`pythonpath`: the PYTHONPATH it sees)."""
+    env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    if pythonpath:
+        env["PYTHONPATH"] = pythonpath
+    return subprocess.run([sys.executable, "-m", "dpbench.plan", *args], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300)
 
 
 def results(run_dir: Path) -> dict:

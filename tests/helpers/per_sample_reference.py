@@ -6,7 +6,11 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from dpbench.core.tasks import ClassificationTask
+from dpbench.privatizers.per_sample import FunctorchEngine
+
 TOLERANCE = 1e-6
+TASK = ClassificationTask()
 
 
 def sample(inputs, index: int):
@@ -67,3 +71,20 @@ def assert_only_the_replaced_norm_moves(norms_of: Callable[[object], Tensor], ba
     keep = torch.arange(before.shape[0]) != index
     torch.testing.assert_close(after[keep], before[keep], atol=TOLERANCE, rtol=TOLERANCE)
     assert not torch.isclose(after[index], before[index], atol=TOLERANCE, rtol=TOLERANCE)
+
+
+def check_exact(model: nn.Module, batch, other, looped: bool = False) -> None:
+    """The functorch engine's per-sample gradients, norms and clipped sum against the loop; replacing one sample
+    moves its norm only; `looped`: whether the engine had to leave vmap for its per-example loop."""
+    engine = FunctorchEngine(model)
+    reference = loop_gradients(model, batch)
+    assert_matches_loop(engine.per_sample_gradients(TASK, batch), reference)
+    norms = loop_norms(reference)
+    clip = float(norms.median())
+    result = engine.clipped_sum(TASK, batch, clip)
+    torch.testing.assert_close(result.norms, norms, atol=1e-6, rtol=1e-6)
+    for name in reference[0]:
+        expected = sum(min(1.0, clip / (float(n) + 1e-6)) * r[name] for n, r in zip(norms, reference, strict=True))
+        torch.testing.assert_close(result.grads[name], expected, atol=1e-6, rtol=1e-6)
+    assert_only_the_replaced_norm_moves(lambda b: engine.clipped_sum(TASK, b, 1.0).norms, batch, other)
+    assert engine.per_example_loop == looped

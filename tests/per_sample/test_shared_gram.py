@@ -10,8 +10,8 @@ from dpbench.core.tasks import ClassificationTask
 from dpbench.models.provenance import built_by_dpbench
 from dpbench.privatizers.per_sample import HookEngine, norms
 from dpbench.privatizers.per_sample.sites import DenseSite, OuterProductSite
-from tests.per_sample_reference import loop_gradients, loop_norms
-from tests.transformer_models import bert, image_batch, text_batch, vit
+from tests.helpers.per_sample_reference import loop_gradients, loop_norms
+from tests.helpers.transformer_models import bert, image_batch, text_batch, vit
 
 pytestmark = pytest.mark.models_as_built
 
