@@ -257,7 +257,8 @@ def footprint_error(overrides: list[str], batch_size: int, cap_mb: float, failed
 def most_trials(start: int, limit: int, resolution: float) -> int:
     """An upper bound on a search's trials: doublings from `start` to `limit`, then bisection to `resolution`."""
     doublings = max(0, math.ceil(math.log2(max(limit, start) / start))) + 1
-    return doublings + max(1, math.ceil(math.log2(1 / resolution))) + 1
+    bisections = math.ceil(math.log2(1 / resolution)) if resolution > 0 else math.ceil(math.log2(max(limit, 2)))
+    return doublings + max(1, bisections) + 1
 
 
 def find_max_batch(

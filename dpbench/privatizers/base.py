@@ -191,10 +191,12 @@ class PrivatizerStrategy(ABC):
         return distributed.all_reduce_sum(local_sum)
 
     def write_noisy_mean(self, model: nn.Module, clipped_sums: dict[str, Tensor], ctx: StepContext) -> None:
-        """grad = (sum of clipped contributions + N(0, (sigma C)^2)) / expected batch size, for every parameter."""
+        """grad = (sum of clipped contributions + N(0, (sigma C)^2)) / expected batch size, for every parameter.
+        Each sum leaves `clipped_sums` as its gradient is written, so the step never holds every sum and every
+        gradient at once (one copy of the parameters less at the step's peak)."""
         std = self.noise_multiplier * self.privacy.clip_norm
         for name, param in trainable_parameters(model).items():
-            total = clipped_sums.get(name)
+            total = clipped_sums.pop(name, None)
             total = torch.zeros_like(param) if total is None else total.to(param.dtype)
             param.grad = self.noised_sum(total, std).div_(ctx.expected_batch_size)
 

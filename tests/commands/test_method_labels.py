@@ -8,8 +8,9 @@ import pytest
 from tests.helpers.cli import FAST, plan, results
 from tests.helpers.cli import dpbench as run_cli
 
-LABELS = {("vanilla", "sgd"): "DP-SGD", ("vanilla", "adam"): "DP-Adam", ("d2p2", "sgd"): "D2P2-SGD",
-          ("d2p2", "adam"): "D2P2-Adam (paper: SGD)"}
+D2P2_VARIANT = " (p=1024, decay=inverse_sqrt)"  # the keys that make it a variant, in every label
+LABELS = {("vanilla", "sgd"): "DP-SGD", ("vanilla", "adam"): "DP-Adam", ("d2p2", "sgd"): "D2P2-SGD" + D2P2_VARIANT,
+          ("d2p2", "adam"): "D2P2-Adam (paper: SGD)" + D2P2_VARIANT}
 
 
 def test_summary_results_and_sweep_report_name_the_method_with_its_optimizer(tmp_path):
@@ -27,10 +28,13 @@ def test_summary_results_and_sweep_report_name_the_method_with_its_optimizer(tmp
 
 
 def test_plan_names_the_method_with_its_optimizer():
-    out = plan("-m", "privatizer=vanilla,grape", "optimizer=adam", "max_steps=2")
+    out = plan("-m", "privatizer=vanilla,nonprivate", "optimizer=adam", "max_steps=2")
     assert out.returncode == 0, out.stderr[-2000:]
     assert "DP-Adam (privatizer=vanilla) on mnist5k" in out.stdout
-    assert "DP-GRAPE (Adam) (privatizer=grape) on mnist5k" in out.stdout
+    assert "non-private Adam (privatizer=nonprivate) on mnist5k" in out.stdout
+    grape = plan("privatizer=grape", "privatizer.rank=8", "optimizer=adam", "max_steps=2")
+    assert grape.returncode == 0, grape.stderr[-2000:]
+    assert "DP-GRAPE (Adam) (rank=8, F=100) (privatizer=grape) on mnist5k" in grape.stdout
 
 
 @pytest.mark.slow  # W&B's offline init costs ~10 s

@@ -209,7 +209,7 @@ def test_make_private_draws_fresh_poisson_batches_every_epoch_and_stops_at_its_p
 
 @pytest.mark.models_as_built
 def test_make_private_with_strategies_that_build_their_optimizer_or_add_no_noise():
-    def two_steps(privatizer: str, optimizer) -> dpbench.PrivacySpent:
+    def two_steps(privatizer: str | dict, optimizer) -> dpbench.PrivacySpent:
         loader = dpbench.poisson_loader(_dataset(), batch_size=20)
         private = dpbench.make_private(model, optimizer, loader, privatizer, steps=2, target_epsilon=8.0)
         for batch in loader:
@@ -220,8 +220,8 @@ def test_make_private_with_strategies_that_build_their_optimizer_or_add_no_noise
 
     model = IndexModel()
     with pytest.raises(ConfigurationError, match="builds its own optimizer"):
-        two_steps("grape", torch.optim.Adam(model.parameters()))
-    spent = two_steps("grape", dpbench.OptimizerConfig(name="adam", lr=1e-2))
+        two_steps({"name": "grape", "rank": 1}, torch.optim.Adam(model.parameters()))
+    spent = two_steps({"name": "grape", "rank": 1}, dpbench.OptimizerConfig(name="adam", lr=1e-2))
     assert spent.steps == 2 and 0 < spent.epsilon <= 8.0
     spent = two_steps("nonprivate", torch.optim.SGD(model.parameters(), lr=0.1))
     assert spent.steps == 2 and spent.epsilon == float("inf") and spent.report is None

@@ -49,7 +49,7 @@ def test_ctrl_c_mid_job_stops_the_sweep_and_the_same_command_continues_it(tmp_pa
     assert process.returncode == 130, stderr[-3000:]
     assert "Traceback" not in stderr, stderr[-3000:]
     assert re.search(r"stopped by SIGINT after step \d+", stderr), stderr[-3000:]
-    assert "dpbench sweep summary (1 runs)" in stdout and (sweep / "report.md").exists()
+    assert "dpbench sweep summary (1 run)" in stdout and (sweep / "report.md").exists()
     assert not (sweep / "1_vanilla" / "results.json").exists() and not (sweep / "2_vanilla").exists()
     finished = (sweep / "0_vanilla" / "results.json").read_bytes()
 

@@ -43,9 +43,15 @@ def _dataset() -> torch.utils.data.TensorDataset:
     return torch.utils.data.TensorDataset(features, (features[:, 0] > 0).long())
 
 
+SMALL_MODEL_SETTINGS = {"grape": {"rank": 2}, "dp_galore": {"rank": 2}, "d2p2": {"dim": 4}}
+"""What makes each method itself on these small models (the defaults would project nothing, and are refused)."""
+
+
 def _private(model: nn.Module, privatizer, seed: int = 3, **kwargs) -> dpbench.PrivateTraining:
     loader = dpbench.poisson_loader(_dataset(), BATCH, PrivacyRandomness(seed))
     name = privatizer if isinstance(privatizer, str) else privatizer["name"]
+    if isinstance(privatizer, str) and name in SMALL_MODEL_SETTINGS:
+        privatizer = {"name": name, **SMALL_MODEL_SETTINGS[name]}
     optimizer = dpbench.OptimizerConfig(name="adam", lr=1e-3) if name in ("grape", "sparse", "dp_galore") else \
         torch.optim.SGD(model.parameters(), lr=0.0)
     return dpbench.make_private(model, optimizer, loader, privatizer, steps=20, noise_multiplier=1.0,

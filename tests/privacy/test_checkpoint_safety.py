@@ -66,7 +66,8 @@ def test_lightnings_own_restore_refuses_it_too(tmp_path, monkeypatch, compose):
     that would let it unpickle freely) must not run code there either. The real checkpoint the run writes first
     needs nothing outside torch's weights-only set (the allow-list): weights, the optimizer's and the strategy's
     state (GRAPE's projected Adam), the ledger, the secret randomness, RNG states and the run state."""
-    cfg = compose(["max_steps=2", "batch_size=400", "privatizer=grape", "optimizer=adam", "privacy.secure_rng=true",
+    cfg = compose(["max_steps=2", "batch_size=400", "privatizer=grape", "privatizer.rank=8", "optimizer=adam",
+                   "privacy.secure_rng=true",
                    "logger.wandb=false", *FAST])
     run_module.run_experiment(cfg, tmp_path)
     written = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=True)
