@@ -23,6 +23,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
+from matplotlib.transforms import offset_copy  # noqa: E402
 
 from dpbench.report.labels import Task, legend_of, task_of, task_slug, task_title  # noqa: E402
 from dpbench.report.stats import interval95  # noqa: E402
@@ -112,7 +113,7 @@ def _repeat_index(methods: list[str]) -> list[int]:
 
 
 def _whiskers(axes: Axes, xs: list[float], ys: list[float], items: Sequence[Point | Bar], colour: Any,
-              along_x: bool = False) -> None:
+              along_x: bool = False, transform: Any = None) -> None:
     """The 95% interval of each item that has one (an item of one seed has none, and gets no whisker)."""
     shown = [(x, y, item.interval) for x, y, item in zip(xs, ys, items, strict=True) if item.interval]
     if not shown:
@@ -120,19 +121,20 @@ def _whiskers(axes: Axes, xs: list[float], ys: list[float], items: Sequence[Poin
     below = [(x if along_x else y) - low for x, y, (low, _) in shown]
     above = [high - (x if along_x else y) for x, y, (_, high) in shown]
     axes.errorbar([x for x, _, _ in shown], [y for _, y, _ in shown], fmt="none", ecolor=colour, capsize=3,
-                  **{"xerr" if along_x else "yerr": [below, above]})
+                  **{"xerr" if along_x else "yerr": [below, above]}, **({"transform": transform} if transform else {}))
+
+
+DODGE_POINTS = 4.0
+"""How far apart (in points) the markers of lines that share an x are drawn."""
 
 
 def _dodges(series: list[Series]) -> list[float]:
-    """A small x offset per line where lines share an x (every method at the same epsilon), so that their markers and
-    whiskers sit side by side instead of on top of each other."""
+    """An x offset in points per line where lines share an x (every method at the same epsilon), so that their
+    markers and whiskers sit side by side instead of on top of each other; the data keep their x."""
     xs = [p.x for line in series for p in line.points if math.isfinite(p.x)]
-    shared = len(xs) != len(set(xs))
-    if not shared or len(series) < 2:
+    if len(series) < 2 or len(xs) == len(set(xs)):
         return [0.0] * len(series)
-    span = (max(xs) - min(xs)) or abs(xs[0]) or 1.0
-    step = 0.012 * span
-    return [step * (index - (len(series) - 1) / 2) for index in range(len(series))]
+    return [DODGE_POINTS * (index - (len(series) - 1) / 2) for index in range(len(series))]
 
 
 def _axes(title: str, what: str, size: tuple[float, float] = (6, 4)) -> tuple[Figure, Axes]:
@@ -152,10 +154,11 @@ def draw_lines(series: list[Series], title: str, xlabel: str, ylabel: str, basel
     offsets = _dodges(series)
     for line, repeat, offset in zip(series, _repeat_index([s.method for s in series]), offsets, strict=True):
         style = style_of(line.method)
-        xs, ys = [p.x + offset for p in line.points], [p.y for p in line.points]
+        xs, ys = [p.x for p in line.points], [p.y for p in line.points]
+        shifted = offset_copy(axes.transData, fig=figure, x=offset, units="points")  # drawn apart, data unchanged
         axes.plot(xs, ys, marker=style.marker, color=style.colour, linestyle=LINESTYLES[repeat % len(LINESTYLES)],
-                  label=line.label)
-        _whiskers(axes, xs, ys, line.points, style.colour)
+                  label=line.label, transform=shifted)
+        _whiskers(axes, xs, ys, line.points, style.colour, transform=shifted)
     for baseline, repeat in zip(baselines, _repeat_index([b.method for b in baselines]), strict=True):
         style = style_of(baseline.method)
         (point,) = baseline.points

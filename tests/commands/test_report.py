@@ -87,14 +87,35 @@ def grid_sweep(root):
     return speeds
 
 
-def test_throughput_has_one_bar_per_configuration_labelled_by_method_epsilon_and_batch(tmp_path):
+def test_throughput_has_one_bar_per_method_and_batch_pooled_over_the_privacy_budgets(tmp_path):
+    """Epsilon does not change a step's cost: the runs at both budgets are repeats of one measurement (never split
+    by epsilon), while batch sizes stay apart."""
     speeds = grid_sweep(tmp_path)
     _, figures = figures_of(tmp_path)
     bars = bars_of(figures["samples_per_s.png"])
-    # a non-private run does not use its epsilon, but runs at two epsilons are two configurations, never one mean
-    expected = {(f"DP-SGD, B={b}, ε={e:g}" if p == "vanilla" else f"non-private SGD, B={b} (unused: ε={e:g})"): s
-                for (p, e, b), s in speeds.items()}
+    expected = {(f"DP-SGD, B={b}" if p == "vanilla" else f"non-private SGD, B={b}"):
+                (speeds[p, 1.0, b] + speeds[p, 8.0, b]) / 2 for p in ("vanilla", "nonprivate") for b in (64, 256)}
     assert bars == pytest.approx(expected)
+
+
+def test_intervals_stay_within_what_the_quantity_can_take_and_markers_at_one_epsilon_sit_apart(tmp_path):
+    """Two seeds far apart: the t-interval of an accuracy would run past 0 and 1, of a throughput below 0."""
+    for seed, (accuracy, speed) in enumerate(((0.05, 5.0), (0.95, 400.0))):
+        for privatizer in ("vanilla", "jl"):
+            write_run(tmp_path / f"{privatizer}_{seed}", privatizer, 3.0, accuracy=accuracy, samples_per_s=speed,
+                      seed=seed)
+    table, figures = figures_of(tmp_path)
+    for entry in table:
+        low, high = entry["test_value_ci95"]
+        assert low == 0.0 and high == 1.0
+        assert entry["samples_per_s_ci95"][0] == 0.0
+    accuracy_bars = error_bars_of(figures["metric_vs_epsilon.png"])
+    assert min(accuracy_bars) >= 0.0 and max(accuracy_bars) <= 1.0
+    (axes,) = figures["metric_vs_epsilon.png"].axes
+    drawn = [line.get_transform().transform((line.get_xdata()[0], line.get_ydata()[0]))[0]
+             for line in axes.get_lines() if not line.get_label().startswith("_")]
+    assert len(drawn) == 2 and abs(drawn[0] - drawn[1]) > 1  # both at epsilon 2.97: drawn apart, in display units
+    assert min(error_bars_of(figures["samples_per_s.png"])) >= 0.0
 
 
 def test_throughput_labels_do_not_squash_the_chart(tmp_path):
@@ -168,7 +189,7 @@ def test_runs_that_differ_in_any_key_but_the_seed_are_never_merged(tmp_path):
     table, _ = figures_of(tmp_path)
     assert sorted((e["config"]["privacy.epsilon"], e["seeds"]) for e in table) == [(1.0, 3), (3.0, 3), (8.0, 3)]
     text = build_report([tmp_path])["markdown"].read_text()
-    assert "1 (unused)" in text and "8 (unused)" in text
+    assert "1.00 (unused)" in text and "8.00 (unused)" in text
 
 
 def test_mean_and_95_percent_interval_over_seeds(tmp_path):
@@ -211,7 +232,7 @@ def test_report_md_has_sigma_steps_optimizer_and_interval_columns(tmp_path):
     assert cells["steps"] == "100" and cells["seeds"] == "2"
     half = 12.7062 * math.sqrt(0.005) / math.sqrt(2)  # t(0.975, 1) * sd / sqrt(n)
     low, high = map(float, cells["test_value_ci95"].strip("[]").split(", "))
-    assert (low, high) == pytest.approx((0.75 - half, 0.75 + half), rel=1e-3)
+    assert (low, high) == pytest.approx((0.75 - half, 1.0), rel=1e-3)  # an accuracy's interval stops at 1
     assert cells["samples_per_s_ci95"].startswith("[")
     with report["csv"].open() as handle:
         (record,) = list(csv.DictReader(handle))

@@ -3,6 +3,7 @@
 import contextlib
 import csv
 import json
+import logging
 import os
 import shutil
 from pathlib import Path
@@ -34,7 +35,7 @@ def _results_files(root: Path) -> dict[Path, int]:
                                                                                             "refused.json")}
 
 
-def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path):
+def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path, caplog):
     suite = _suite(tmp_path)
     root, docs = tmp_path / "cells", tmp_path / "docs"
     Scheduler(suite, root, ENV).run()
@@ -61,7 +62,11 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path):
     for path in sorted(removed.rglob("*"), reverse=True):
         path.unlink() if path.is_file() else path.rmdir()
     removed.rmdir()
-    Scheduler(suite, root, ENV).run()
+    caplog.clear()
+    with caplog.at_level(logging.INFO, logger="dpbench.leaderboard.cell_order"):
+        Scheduler(suite, root, ENV).run()
+    logged = [record.getMessage().split()[-1] for record in caplog.records if record.getMessage().startswith("done")]
+    assert logged == ["cnn/dpsgd/eps1_s0"]  # the recorded cells are not news: only the cell that ran is logged
     after = _results_files(root)
     assert set(after) == set(before)
     changed = {path.parent.relative_to(root).as_posix() for path in after if after[path] != before[path]}
@@ -325,6 +330,16 @@ def test_bad_launcher_options_are_refused_in_one_line(tmp_path, capsys, argv, me
     assert main(["--suite", str(suite), "--profile", "tiny", "--root", str(tmp_path / "cells"), *argv]) == 2
     assert message in capsys.readouterr().err
     assert not (tmp_path / "cells").exists()
+
+
+def test_a_dry_run_on_a_fresh_root_says_it_cannot_estimate_the_time(tmp_path, capsys):
+    from dpbench.leaderboard.__main__ import main
+
+    suite = tmp_path / "suite.yaml"
+    suite.write_text(TINY)
+    assert main(["--suite", str(suite), "--profile", "tiny", "--root", str(tmp_path / "cells"), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "no task has a finished cell yet, so there is no time to estimate from" in out and "0.0 h" not in out
 
 
 def test_jobs_below_one_is_a_usage_error(capsys):

@@ -83,6 +83,9 @@ def test_the_frontier_command_records_every_method_and_draws_them(tmp_path):
         assert row["samples_per_s_at_fixed"] > 0 and row["samples_per_s_at_max"] > 0
     assert rows["grape"]["refused"] and "optimizer=adam" in rows["grape"]["note"]  # the others still measured
     assert "| grape | refused |" in run.stdout
+    assert "[1/3] nonprivate:" in run.stdout and "[3/3] grape (" in run.stdout
+    assert "s left at the mean of 2)" in run.stdout
+    assert "trial 2 (of at most" in run.stdout and record["in_progress"] is None  # rewritten after every trial
     assert (tmp_path / "frontier.png").read_bytes().startswith(PNG)
 
 
