@@ -14,6 +14,7 @@ from dpbench.app import run
 from dpbench.audit.canary_run import audit_config
 from dpbench.audit.one_run_audit import one_run_audit
 from dpbench.audit.one_run_bound import epsilon_lower_bound, p_value
+from dpbench.core.registry import Component
 from dpbench.data import identity_collate
 from dpbench.privatizers import STRATEGIES
 from dpbench.privatizers.per_sample import trainable_parameters
@@ -102,7 +103,7 @@ def test_the_honest_pipeline_stays_below_its_claim(tmp_path):
 
 
 def test_noise_seeded_from_the_published_config_is_caught(tmp_path, monkeypatch):
-    monkeypatch.setitem(STRATEGIES, PublishedSeedNoise.name, (PublishedSeedNoise, PublishedSeedConfig))
+    monkeypatch.setitem(STRATEGIES, PublishedSeedNoise.name, Component(PublishedSeedNoise, PublishedSeedConfig))
     audit = one_run_audit(audit_config([*SMALL, f"privatizer.name={PublishedSeedNoise.name}"]), tmp_path, 0)
     bounds = {a.attack: a for a in audit.attacks}
     assert bounds["shadow"].correct == bounds["shadow"].guesses  # the shadow run subtracts the noise exactly
