@@ -111,12 +111,13 @@ def estimate_memory(model: nn.Module, data: DataBundle, strategy: PrivatizerStra
     if getattr(optimizer, "name", None) == "sgd" and getattr(optimizer, "momentum", 0):
         states = 1
     probe = _one_sample_activations(model, data.task, data)
-    activations = None if probe is None else probe[0] * micro_batch / MB
+    activations = None if probe is None else probe[0] * micro_batch
     evaluation = None if probe is None else 2 * probe[1] * eval_batch / MB  # a layer's input and output at once
+    per_sample = strategy.per_sample_state_bytes(model, micro_batch, activations or 0)
     return MemoryEstimate(
-        weights / MB, trainable / MB, states * trainable / MB,
-        strategy.per_sample_state_bytes(model, micro_batch) / MB, activations, evaluation, micro_batch, eval_batch,
-        str(device), free_mb(device),
+        weights / MB, trainable / MB, states * trainable / MB, per_sample / MB,
+        None if activations is None else activations / MB, evaluation, micro_batch, eval_batch, str(device),
+        free_mb(device),
     )
 
 

@@ -415,12 +415,23 @@ def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str
         "memory above the process's start; training wall time without the per-epoch epsilon accounting) "
         f"are the median over seeds at epsilon {suite.tune_epsilon:g} unless noted (cells run two at a time, and a "
         "run beside a heavier cell is slower); raw per-cell figures: "
-        "[leaderboard/cells.csv](leaderboard/cells.csv). On CPU the peak is the resident high-water mark, which also "
-        "holds freed memory that the allocator keeps across steps of different (Poisson) batch sizes and that grows "
-        "over a run, so CPU memory columns rank processes rather than the methods' working sets (BENCHMARKS.md, "
-        "2026-11-27); on CUDA it is max_memory_reserved.",
+        f"[leaderboard/cells.csv](leaderboard/cells.csv). {_memory_note(outcomes)}",
         "",
     ]
+
+
+def _memory_note(outcomes: list[Outcome]) -> str:
+    """What the CPU memory columns measure: the working set where every cell recorded it, else (cells from before
+    dpbench measured it) the resident high-water mark, said as such."""
+    methods = [str((o.results or {}).get("memory_method") or "") for o in outcomes if o.results]
+    if methods and all(method.startswith("working set") for method in methods):
+        return ("On CPU the peak is the working set: the peak of the bytes malloc holds in use over the warm-up steps "
+                "(dpbench/profiling/working_set.py), which neither the allocator's retention nor the other cell on "
+                "the machine moves; on CUDA it is max_memory_reserved.")
+    return ("On CPU the peak is the resident high-water mark, which also holds freed memory that the allocator keeps "
+            "across steps of different (Poisson) batch sizes and that grows over a run, so CPU memory columns rank "
+            "processes rather than the methods' working sets (BENCHMARKS.md, 2026-11-27); on CUDA it is "
+            "max_memory_reserved.")
 
 
 def _tasks_not_run(suite: Suite, found: _Found) -> list[str]:

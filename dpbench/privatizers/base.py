@@ -136,10 +136,14 @@ class PrivatizerStrategy(ABC):
         if optimizer_config is not None:
             check_optimizer(optimizer_config)
 
-    def per_sample_state_bytes(self, model: nn.Module, micro_batch: int) -> int:
-        """Memory the privatizer holds for one micro-batch besides the activations (per-sample gradients where its
-        engine builds them), for the estimate a run is checked against before it trains."""
-        return 0
+    per_sample_activation_share = 0.0
+    """The memory a private step keeps beside the model's activations, as a share of them (the hook engine records
+    every layer's input and output gradient, about one more copy; measured: BENCHMARKS.md, issue 49)."""
+
+    def per_sample_state_bytes(self, model: nn.Module, micro_batch: int, activation_bytes: int) -> int:
+        """Memory the privatizer holds for one micro-batch besides the activations (the engine's records, per-sample
+        gradients where it builds them), for the estimate a run is checked against before it trains."""
+        return int(self.per_sample_activation_share * activation_bytes)
 
     def method_details(self, model: nn.Module) -> dict[str, Any]:
         """What the method does to this model, for results.json's `method_details` (the layers it projects and

@@ -178,8 +178,8 @@ class D2P2(PrivatizerStrategy):
             raise ConfigurationError("privatizer=d2p2 with dim=null does not project: that is privatizer=d2p_sgd "
                                      "(automatic clipping and decaying noise), named for what it is")
 
-    def per_sample_state_bytes(self, model: nn.Module, micro_batch: int) -> int:
-        return engine_state_bytes(model, self.config.engine, self.config.chunk_size, micro_batch)
+    def per_sample_state_bytes(self, model: nn.Module, micro_batch: int, activation_bytes: int) -> int:
+        return engine_state_bytes(model, self.config.engine, self.config.chunk_size, micro_batch, activation_bytes)
 
     def method_details(self, model: nn.Module) -> dict[str, Any]:
         return {"projection_dim": self.config.dim,

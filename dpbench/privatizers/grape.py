@@ -52,6 +52,7 @@ def check_adam(optimizer_config: Any, privatizer: str) -> None:
 
 class Grape(PrivatizerStrategy):
     name = "grape"
+    per_sample_activation_share = 0.2  # records, projected per-sample gradients (ViT 4.8M: BENCHMARKS.md)
     config: GrapeConfig
 
     def preflight(self, model: nn.Module, optimizer_config: Any | None) -> None:

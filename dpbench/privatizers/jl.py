@@ -224,6 +224,7 @@ class Replay:
 
 class JL(PrivatizerStrategy):
     name = "jl"
+    per_sample_activation_share = 0.25  # the graph-free passes' tangents (BiLSTM: BENCHMARKS.md)
 
     def __init__(self, config: JLConfig, privacy: PrivacySettings):
         super().__init__(config, privacy)

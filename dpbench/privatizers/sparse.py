@@ -125,6 +125,7 @@ class SelectedCoordinateOptimizer(Optimizer):
 
 class Sparse(PrivatizerStrategy):
     name = "sparse"
+    per_sample_activation_share = 1.0  # the hook engine's records
     config: SparseConfig
     supports_data_parallel = False  # noises outside noised_sum: one rank's noise would not be shared
 

@@ -32,8 +32,8 @@ class Vanilla(PrivatizerStrategy):
         super().preflight(model, optimizer_config)
         check_engine(model, self.config.engine)
 
-    def per_sample_state_bytes(self, model: nn.Module, micro_batch: int) -> int:
-        return engine_state_bytes(model, self.config.engine, self.config.chunk_size, micro_batch)
+    def per_sample_state_bytes(self, model: nn.Module, micro_batch: int, activation_bytes: int) -> int:
+        return engine_state_bytes(model, self.config.engine, self.config.chunk_size, micro_batch, activation_bytes)
 
     def attach(self, model: nn.Module) -> None:
         self.engine = make_engine(model, self.config.engine, self.config.chunk_size, self.checks)

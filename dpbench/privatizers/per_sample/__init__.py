@@ -26,18 +26,19 @@ def check_engine(model: nn.Module, engine: str) -> None:
         check_hook_engine(model)
 
 
-def engine_state_bytes(model: nn.Module, engine: str, chunk_size: int | None, micro_batch: int) -> int:
-    """Per-sample gradients an engine builds at once: none for the hooks (norms from the layers' inputs and output
-    gradients), the micro-batch's (or a vmap chunk's) for materialized and functorch; auto takes the hooks where
-    they serve the model."""
+def engine_state_bytes(model: nn.Module, engine: str, chunk_size: int | None, micro_batch: int,
+                       activation_bytes: int) -> int:
+    """What an engine holds beside the model's activations: the hooks' records of every layer's input and output
+    gradient (about the activations again: measured, BENCHMARKS.md issue 49), and for materialized and functorch the
+    micro-batch's (or a vmap chunk's) per-sample gradients too; auto takes the hooks where they serve the model."""
     if engine in ("auto", "hooks"):
         try:
             check_hook_engine(model)
-            return 0
+            return activation_bytes
         except UnsupportedModelError:
             pass
     samples = micro_batch if engine == "materialized" or chunk_size is None else min(chunk_size, micro_batch)
-    return samples * sum(p.numel() * p.element_size() for p in trainable_parameters(model).values())
+    return activation_bytes + samples * sum(p.numel() * p.element_size() for p in trainable_parameters(model).values())
 
 
 def make_engine(
