@@ -145,7 +145,8 @@ def _rate(value: float | None) -> str:
 def frontier_table(rows: list[FrontierRow], cap_mb: float, device_name: str, wall_s: float) -> str:
     fixed = rows[0].fixed_batch
     lines = [f"\nfrontier under {cap_mb:g} MB on {device_name} ({wall_s:.0f} s); peak = "
-             + ("max_memory_reserved" if rows[0].device == "cuda" else "the process's VmHWM, interpreter apart"),
+             + ("max_memory_reserved" if rows[0].device == "cuda"
+                else "the process's working set (malloc's bytes in use at their peak), interpreter included"),
              f"| method | max batch | peak at max (MB) | samples/s at max | peak at {fixed} (MB) "
              f"| samples/s at {fixed} | interpreter (MB) | note |",
              "|---|---|---|---|---|---|---|---|"]

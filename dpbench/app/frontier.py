@@ -15,8 +15,8 @@ from dpbench.app.max_batch import MEMORY_FIELDS, MaxBatchResult, Trial, find_max
 
 FRONTIER_FIELDS = {
     **MEMORY_FIELDS,
-    "peak_mb": "the method's peak at that batch: process_peak_mb of its trial (CPU: the whole process's VmHWM, "
-               "interpreter_rss_mb of it Python and torch alone; CUDA: max_memory_reserved)",
+    "peak_mb": "the method's peak at that batch: its trial's working_set_mb on CPU (the process's bytes in use at "
+               "their peak, interpreter included), else process_peak_mb (VmHWM; CUDA: max_memory_reserved)",
     "samples_per_s": "batch size over the median time of the trial's steps after the first (a warm-up)",
 }
 
@@ -63,8 +63,8 @@ def frontier_row(
         note = f"batch {fixed_batch} does not fit under {cap_mb:g} MB"
     return FrontierRow(
         privatizer, result.device, result.max_batch_size,
-        at_max.process_peak_mb if at_max else None, at_max.samples_per_s if at_max else None,
-        fixed_batch, at_fixed.process_peak_mb if at_fixed else None, at_fixed.samples_per_s if at_fixed else None,
+        at_max.peak_mb if at_max else None, at_max.samples_per_s if at_max else None,
+        fixed_batch, at_fixed.peak_mb if at_fixed else None, at_fixed.samples_per_s if at_fixed else None,
         interpreter, result.max_batch_size == 0, note, trials=result.trials,
     )
 

@@ -17,7 +17,7 @@ from dpbench.core.methods import preset_label  # noqa: E402
 def plot_frontier(rows: list[FrontierRow], cap_mb: float, title: str, path: Path, optimizer: str | None) -> Path:
     figure, axes = plt.subplots(figsize=(6.0, 4.0), layout="constrained")
     for row in rows:
-        fitted = sorted((t.batch_size, t.process_peak_mb) for t in row.trials if t.fits and t.process_peak_mb)
+        fitted = sorted((t.batch_size, t.peak_mb) for t in row.trials if t.fits and t.peak_mb)
         failed = sorted(t.batch_size for t in row.trials if not t.fits)
         status = " (refused)" if row.refused else " (OOM at batch 1)" if row.out_of_memory_at_1 else ""
         label = preset_label(row.privatizer, optimizer) + status

@@ -11,6 +11,7 @@ with the footprint it would need, rather than answered with "max batch 0".
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import multiprocessing
@@ -29,12 +30,17 @@ import torch
 from dpbench.app.hydra_setup import compose
 from dpbench.core.errors import ConfigurationError
 from dpbench.profiling.memory import available_mb
+from dpbench.profiling.working_set import PeakInUse, in_use_bytes
 
 log = logging.getLogger(__name__)
 
 RSS_POLL_S = 0.01
 DATA_LIMIT_HEADROOM = 1.1, 512.0
-"""CPU trials: RLIMIT_DATA = cap * 1.1 + 512 MB (the data segment holds reserved, not yet resident, memory too)."""
+"""CPU trials: RLIMIT_DATA = guard * 1.1 + 512 MB (the data segment holds reserved, not yet resident, memory too)."""
+RESIDENT_GUARD = 1.5
+"""A CPU cap limits the trial's working set (malloc's bytes in use at their peak); its resident size, which also
+holds what the allocator keeps of freed memory and the libraries' pages, is stopped only past this multiple of the
+cap above the interpreter's own resident size: a guard for the machine, not the measure."""
 # What each memory figure in max_batch.json is; all in MB (2**20 bytes).
 MEMORY_FIELDS = {
     "cap_mb": "the cap; cap_applies_to says what it limits",
@@ -50,6 +56,11 @@ MEMORY_FIELDS = {
                        "Python and torch included; CUDA: max_memory_reserved): what the frontier plots",
     "interpreter_rss_mb": "VmRSS of the trial process after importing Python, torch and dpbench, before data or model: "
                           "the part of a CPU peak no method can save",
+    "working_set_mb": "CPU: the bytes malloc held in use at their peak over the trial's first step, the whole "
+                      "process's (interpreter, data, model and the step): what a CPU cap is compared with "
+                      "(dpbench/profiling/working_set.py)",
+    "interpreter_in_use_mb": "CPU: malloc's bytes in use after the imports: the part of working_set_mb no method "
+                             "can save",
 }
 
 
@@ -75,6 +86,16 @@ class Trial:
     samples_per_s: float | None = None
     """Batch size over the median time of the steps after the first (a warm-up): the steady step, which the rare
     steps that re-check per-sample gradients (at most 2% of a run's time) do not move; null with fewer than two."""
+    working_set_mb: float | None = None
+    interpreter_in_use_mb: float | None = None
+    """CPU: malloc's bytes in use after the imports, before data or model: the part of working_set_mb no method
+    can save."""
+
+    @property
+    def peak_mb(self) -> float | None:
+        """The trial's peak as the frontier reports it: the working set on CPU where it was read, else the process
+        peak (VmHWM; CUDA max_memory_reserved)."""
+        return self.working_set_mb if self.working_set_mb is not None else self.process_peak_mb
 
 
 @dataclass
@@ -94,7 +115,9 @@ class MaxBatchResult:
 def cap_applies_to(device: str) -> str:
     if device == "cuda":
         return "the trial process's CUDA caching allocator (torch.cuda.set_per_process_memory_fraction)"
-    return "the trial process's resident memory (VmRSS), polled by the parent, which kills a trial above it"
+    return (f"the trial process's working set (malloc's bytes in use at their peak over its first step); its resident "
+            f"memory (VmRSS), polled by the parent, is stopped past {RESIDENT_GUARD:g}x the cap above the "
+            "interpreter's")
 
 
 def trial_device(overrides: list[str]) -> str:
@@ -108,6 +131,17 @@ def _limit_data_segment(cap_mb: float) -> None:
         scale, extra_mb = DATA_LIMIT_HEADROOM
         limit = int((cap_mb * scale + extra_mb) * 2**20)
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
+
+
+def _data_segment_mb() -> float:
+    """This process's data segment now (VmData): what the imports mapped before any data or model."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmData:"):
+                return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return 0.0
 
 
 def _out_of_memory(error: Exception) -> bool:
@@ -126,7 +160,7 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
         from dpbench.privatizers.base import StepContext
         from dpbench.profiling.memory import PeakMemory, high_water_mark_mb, resident_mb
 
-        queue.put(("interpreter", resident_mb()))
+        queue.put(("interpreter", resident_mb(), (in_use_bytes() or 0) / 2**20))
         cfg = compose(overrides)
         typed: Config = validated(Config, cfg, "top-level")
         device = torch.device(device_name)
@@ -134,8 +168,8 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
             total = torch.cuda.get_device_properties(device).total_memory / 2**20
             index = device.index if device.index is not None else torch.cuda.current_device()
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap_mb / total), index)
-        else:
-            _limit_data_segment(cap_mb)
+        else:  # the guard's room above what the imports already mapped
+            _limit_data_segment(cap_mb * RESIDENT_GUARD + _data_segment_mb())
         data = load_data(cfg.data)
         with device:  # a billion-parameter model is initialized where it trains, not on the host first
             model = build_model(cfg.model, data)
@@ -155,18 +189,21 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
         memory = PeakMemory(device)
         memory.start()
         step_seconds = []
+        reading = PeakInUse() if device.type == "cpu" and in_use_bytes() is not None else None
         for step in range(steps):
             started = time.perf_counter()
-            optimizer.zero_grad(set_to_none=True)
-            strategy.privatize(model, data.task, batch, StepContext(step, float(batch_size)))
-            strategy.apply_update(optimizer)
+            with reading if reading is not None and step == 0 else contextlib.nullcontext():  # the untimed step
+                optimizer.zero_grad(set_to_none=True)
+                strategy.privatize(model, data.task, batch, StepContext(step, float(batch_size)))
+                strategy.apply_update(optimizer)
             _synchronize(device)
             step_seconds.append(time.perf_counter() - started)
         rate = batch_size / statistics.median(step_seconds[1:]) if steps > 1 else None
         memory.stop()
         process_peak = memory.max_memory_reserved_mb if device.type == "cuda" else high_water_mark_mb()
+        working_set = reading.peak / 2**20 if reading is not None and steps else None
         queue.put(("ok", {"steps_peak_mb": memory.peak_mb, "steps_peak_method": memory.method,
-                          "process_peak_mb": process_peak, "samples_per_s": rate}))
+                          "process_peak_mb": process_peak, "samples_per_s": rate, "working_set_mb": working_set}))
     except ConfigurationError as error:  # a setting the method refuses: the parent says so, in one line
         queue.put(("refused", str(error)))
     except Exception as error:
@@ -199,6 +236,7 @@ def run_trial(overrides: list[str], batch_size: int, cap_mb: float, steps: int =
     started = time.perf_counter()
     process.start()
     peak_rss, setup_rss, interpreter_rss, setup_s, parameters, outcome = 0.0, None, None, None, None, None
+    interpreter_in_use = None
     while outcome is None:
         try:
             message = queue.get(timeout=RSS_POLL_S) if process.is_alive() else queue.get(timeout=5)
@@ -215,21 +253,28 @@ def run_trial(overrides: list[str], batch_size: int, cap_mb: float, steps: int =
             message = None
         if message is not None and message[0] == "interpreter":
             interpreter_rss = message[1]
+            interpreter_in_use = message[2] if len(message) > 2 else None
         elif message is not None and message[0] == "ready":
             setup_rss, parameters, setup_s = message[1], message[2], time.perf_counter() - started
         elif message is not None:
             outcome = message
         peak_rss = max(peak_rss, _resident_mb(process.pid))
-        if outcome is None and device == "cpu" and peak_rss > cap_mb:
+        guarded = device == "cpu" and interpreter_rss is not None  # the imports are not the method: not guarded
+        if outcome is None and guarded and peak_rss > cap_mb * RESIDENT_GUARD + interpreter_rss:
             process.kill()
             process.join()
             return Trial(batch_size, False, peak_rss, setup_rss, stage="setup" if setup_rss is None else "steps",
-                         reason=f"resident memory passed the {cap_mb:g} MB cap", interpreter_rss_mb=interpreter_rss)
+                         reason=f"resident memory passed {RESIDENT_GUARD:g}x the {cap_mb:g} MB cap above the "
+                                f"interpreter's own", interpreter_rss_mb=interpreter_rss)
     process.join()
     stage = "setup" if setup_rss is None else "steps"
     if outcome[0] == "ok":
-        return Trial(batch_size, True, peak_rss, setup_rss, interpreter_rss_mb=interpreter_rss, setup_s=setup_s,
-                     parameters=parameters, **outcome[1])
+        trial = Trial(batch_size, True, peak_rss, setup_rss, interpreter_rss_mb=interpreter_rss, setup_s=setup_s,
+                      parameters=parameters, interpreter_in_use_mb=interpreter_in_use, **outcome[1])
+        if device == "cpu" and trial.working_set_mb is not None and trial.working_set_mb > cap_mb:
+            trial.fits, trial.stage = False, "steps"
+            trial.reason = f"working set {trial.working_set_mb:.0f} MB passed the {cap_mb:g} MB cap"
+        return trial
     if outcome[0] == "oom":
         return Trial(batch_size, False, peak_rss, setup_rss, stage=stage, reason=outcome[1],
                      interpreter_rss_mb=interpreter_rss, parameters=parameters)
@@ -280,6 +325,8 @@ def find_max_batch(
         trial = run_trial(overrides, batch_size, cap_mb, steps=steps, device=device)
         result.trials.append(trial)
         measured = f", peak {trial.process_peak_mb:.0f} MB" if trial.process_peak_mb is not None else ""
+        if trial.working_set_mb is not None:
+            measured += f", working set {trial.working_set_mb:.0f} MB"
         rate = f", {trial.samples_per_s:.1f} samples/s" if trial.samples_per_s is not None else ""
         setup = f", setup {trial.setup_s:.0f} s" if trial.setup_s is not None else ""
         print(f"  trial {len(result.trials)} (of at most {bound}) batch {batch_size:>6}: "

@@ -47,11 +47,15 @@ def _parameters(rows: list[dict]) -> int | None:
 
 
 def _saved_mb(row: dict, device: str) -> float | None:
-    """The peak at the fixed batch, above the interpreter on CPU."""
+    """The peak at the fixed batch, above the interpreter on CPU (its bytes in use where the peak is the working
+    set, its resident size where the record is older)."""
     peak = row["peak_at_fixed_mb"]
-    if peak is None:
-        return None
-    return peak - (row["interpreter_rss_mb"] or 0.0) if device == "cpu" else peak
+    if peak is None or device != "cpu":
+        return peak
+    fixed = next((t for t in row["trials"] if t["batch_size"] == row["fixed_batch"] and t["fits"]), {})
+    if fixed.get("working_set_mb") is not None:
+        return peak - (fixed.get("interpreter_in_use_mb") or 0.0)
+    return peak - (row["interpreter_rss_mb"] or 0.0)
 
 
 def _batch(row: dict) -> str:
@@ -209,8 +213,9 @@ def scale_section(frontier_dir: Path) -> list[str]:
     lines = [SECTION_TITLE, "",
              "Peak memory and speed of each method on published model shapes (random weights, built from config), "
              "from `python -m dpbench.capacity frontier`: every trial a fresh process under the cap, the largest batch "
-             "found by doubling from the fixed batch. CPU peaks are the process's VmHWM (interpreter included in the "
-             "table, left out of the ratios); CUDA peaks are max_memory_reserved.", ""]
+             "found by doubling from the fixed batch. CPU peaks are the trial process's working set (malloc's bytes "
+             "in use at their peak; records before 2026-11-29: its VmHWM), the interpreter included in the table and "
+             "left out of the ratios; CUDA peaks are max_memory_reserved.", ""]
     for path in records:
         lines += _record_lines(json.loads(path.read_text()), path.parent.name)
     return lines

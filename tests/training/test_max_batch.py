@@ -71,6 +71,18 @@ def test_a_trial_records_the_process_footprint_apart_from_the_steps_peak():
     assert 0 <= trial.steps_peak_mb < trial.setup_rss_mb / 4
 
 
+def test_a_cpu_cap_is_compared_with_the_working_set_not_the_resident_size():
+    """The same trial under a cap above its working set fits; under one just below it, it does not, though its
+    resident size (libraries' pages, memory the allocator keeps) is larger than either and no guard stopped it."""
+    free = run_trial([*TINY, "privatizer=vanilla"], 16, cap_mb=8000)
+    assert free.fits and 0 < free.working_set_mb < free.process_peak_rss_mb
+    capped = run_trial([*TINY, "privatizer=vanilla"], 16, cap_mb=0.9 * free.working_set_mb)
+    assert not capped.fits and capped.stage == "steps" and "working set" in capped.reason
+    assert capped.working_set_mb == pytest.approx(free.working_set_mb, rel=0.05)
+    roomy = run_trial([*TINY, "privatizer=vanilla"], 16, cap_mb=1.1 * free.working_set_mb)
+    assert roomy.fits and roomy.process_peak_rss_mb > roomy.working_set_mb
+
+
 @pytest.mark.parametrize("privatizer", ["sparse", "d2p2"])
 def test_a_trial_prepares_what_the_run_fixes_before_its_first_step(privatizer):
     """Sparse's selection budget and D2P2's noise schedule come from prepare(); a trial that skipped it crashed."""
