@@ -11,7 +11,6 @@ with the footprint it would need, rather than answered with "max batch 0".
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import math
 import multiprocessing
@@ -188,20 +187,21 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
         queue.put(("ready", resident_mb(), sum(p.numel() for p in model.parameters())))
         memory = PeakMemory(device)
         memory.start()
-        step_seconds = []
         reading = PeakInUse() if device.type == "cpu" and in_use_bytes() is not None else None
-        for step in range(steps):
+
+        def step_once(step: int) -> float:
             started = time.perf_counter()
-            with reading if reading is not None and step == 0 else contextlib.nullcontext():  # the untimed step
-                optimizer.zero_grad(set_to_none=True)
-                strategy.privatize(model, data.task, batch, StepContext(step, float(batch_size)))
-                strategy.apply_update(optimizer)
+            optimizer.zero_grad(set_to_none=True)
+            strategy.privatize(model, data.task, batch, StepContext(step, float(batch_size)))
+            strategy.apply_update(optimizer)
             _synchronize(device)
-            step_seconds.append(time.perf_counter() - started)
-        rate = batch_size / statistics.median(step_seconds[1:]) if steps > 1 else None
+            return time.perf_counter() - started
+
+        step_seconds, working_set = _timed_and_read(step_once, steps, reading)
+        timed = step_seconds[max(1, 2 if working_set is not None else 0):]  # after the warm-up and the read steps
+        rate = batch_size / statistics.median(timed) if timed else None
         memory.stop()
         process_peak = memory.max_memory_reserved_mb if device.type == "cuda" else high_water_mark_mb()
-        working_set = reading.peak / 2**20 if reading is not None and steps else None
         queue.put(("ok", {"steps_peak_mb": memory.peak_mb, "steps_peak_method": memory.method,
                           "process_peak_mb": process_peak, "samples_per_s": rate, "working_set_mb": working_set}))
     except ConfigurationError as error:  # a setting the method refuses: the parent says so, in one line
@@ -211,6 +211,19 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
             queue.put(("oom", str(error).splitlines()[0] if str(error) else repr(error)))
         else:
             queue.put(("error", traceback.format_exc()))
+
+
+def _timed_and_read(step_once: Callable[[int], float], steps: int, reading: PeakInUse | None
+                    ) -> tuple[list[float], float | None]:
+    """Each step's seconds, and the working set (MB) read over the first two steps (the optimizer's state is made in
+    the first): those are slowed by the reads, so the rate leaves them out."""
+    read = min(2, steps) if reading is not None else 0
+    seconds = []
+    if reading is not None and read:
+        with reading:
+            seconds += [step_once(step) for step in range(read)]
+    seconds += [step_once(step) for step in range(read, steps)]
+    return seconds, reading.peak / 2**20 if reading is not None and read else None
 
 
 def _synchronize(device: torch.device) -> None:

@@ -27,8 +27,6 @@ from dpbench.profiling.memory import free_mb
 
 log = logging.getLogger(__name__)
 MB = 2**20
-OPTIMIZER_STATES = {"sgd": 0, "adam": 2, "adamw": 2}
-"""Tensors of the parameters' size an optimizer keeps (SGD's momentum buffer is counted where momentum is set)."""
 FITS = 0.9
 """The share of the free memory an estimate may fill: the rest is the allocator's slack and what is not counted."""
 
@@ -107,15 +105,12 @@ def estimate_memory(model: nn.Module, data: DataBundle, strategy: PrivatizerStra
                     micro_batch: int, eval_batch: int, device: torch.device) -> MemoryEstimate:
     trainable = sum(p.numel() * p.element_size() for p in trainable_parameters(model).values())
     weights = sum(p.numel() * p.element_size() for p in model.parameters())
-    states = OPTIMIZER_STATES.get(str(getattr(optimizer, "name", "")), 2)
-    if getattr(optimizer, "name", None) == "sgd" and getattr(optimizer, "momentum", 0):
-        states = 1
     probe = _one_sample_activations(model, data.task, data)
     activations = None if probe is None else probe[0] * micro_batch
     evaluation = None if probe is None else 2 * probe[1] * eval_batch / MB  # a layer's input and output at once
     per_sample = strategy.per_sample_state_bytes(model, micro_batch, activations or 0)
     return MemoryEstimate(
-        weights / MB, trainable / MB, states * trainable / MB, per_sample / MB,
+        weights / MB, trainable / MB, strategy.optimizer_state_bytes(model, optimizer) / MB, per_sample / MB,
         None if activations is None else activations / MB, evaluation, micro_batch, eval_batch, str(device),
         free_mb(device),
     )

@@ -122,8 +122,9 @@ class PreparedRun:
     memory: MemoryEstimate
 
 
-def prepare_run(cfg: DictConfig) -> PreparedRun:
-    """Compose data, privatizer, model and the privacy plan exactly as a run does, without training."""
+def prepare_run(cfg: DictConfig, memory_check: bool = True) -> PreparedRun:
+    """Compose data, privatizer, model and the privacy plan exactly as a run does, without training.
+    `memory_check=False`: estimate the memory but refuse nothing on it (a finished run's resume trains nothing)."""
     typed: Config = validated(Config, cfg, "top-level")
     if typed.trainer.num_threads:
         torch.set_num_threads(typed.trainer.num_threads)
@@ -147,7 +148,7 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
     model = build_model(cfg.model, data)
     strategy.preflight(model, typed.optimizer)
     memory = estimate_memory(model, data, strategy, typed.optimizer, micro_batch, eval_batch, _run_device(typed))
-    if typed.trainer.memory_check:
+    if typed.trainer.memory_check and memory_check:
         check_fits(memory, typed.batch_size)
     plan = make_plan(strategy, typed.privacy, sampling_rate, steps, model, len(data.train))
     budget_steps = _steps_within_budget(typed, plan, strategy, steps)
@@ -159,7 +160,8 @@ def prepare_run(cfg: DictConfig) -> PreparedRun:
 def _run_device(typed: Config) -> torch.device:
     """Where the run will train (per rank): a CUDA device when the accelerator may take one, else the host."""
     cuda = typed.trainer.accelerator in ("auto", "gpu", "cuda") and torch.cuda.is_available()
-    return torch.device("cuda", torch.cuda.current_device()) if cuda else torch.device("cpu")
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))  # each rank of a group checks the GPU Lightning gives it
+    return torch.device("cuda", local_rank % torch.cuda.device_count()) if cuda else torch.device("cpu")
 
 
 def _trainer(
@@ -261,7 +263,8 @@ def _run_experiment(cfg: DictConfig, run_dir: Path, sweep_dir: Path | None) -> R
     if resumption.finished is not None and not resumption.checkpoint.exists():
         return _unchanged(resumption.finished, run_dir)
     saved, extend = resumption.saved, resumption.extend
-    prepared = prepare_run(_with_saved_noise(cfg, saved) if extend and saved.plan["private"] else cfg)
+    prepared = prepare_run(_with_saved_noise(cfg, saved) if extend and saved.plan["private"] else cfg,
+                           memory_check=resumption.finished is None)
     log.info("model=%s: %s parameters", cfg.model.name, f"{_count(prepared.model.parameters()):,}")
     if saved is not None:
         check_resume(saved, prepared.plan.to_dict(), public_config(cfg), extend)

@@ -3,7 +3,8 @@
 Version 1 (dpbench 0.1) is flat JSON, one key per field below (documented field by field in
 docs/configuration.md, checked by a test), plus `test_<metric>` and `validation_<metric>` named by the task's
 metric and the privatizer's own figures (`PrivatizerStrategy.privacy_report`) beside them. A file without
-`schema_version` was written before the schema: it is read with the fields it lacks as null.
+`schema_version` was written before the schema: it is read with the fields it lacks as null, and its
+`peak_memory_mb` on CPU is the resident peak (VmHWM), not the working set version 1 reports (`memory_method` says).
 """
 
 from __future__ import annotations

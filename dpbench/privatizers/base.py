@@ -145,6 +145,15 @@ class PrivatizerStrategy(ABC):
         gradients where it builds them), for the estimate a run is checked against before it trains."""
         return int(self.per_sample_activation_share * activation_bytes)
 
+    def optimizer_state_bytes(self, model: nn.Module, optimizer_config: Any) -> int:
+        """What the optimizer keeps beside the parameters, for the memory estimate: Adam's two moments, SGD's
+        momentum buffer where momentum is set."""
+        trainable = sum(p.numel() * p.element_size() for p in trainable_parameters(model).values())
+        name = str(getattr(optimizer_config, "name", ""))
+        if name == "sgd":
+            return trainable if getattr(optimizer_config, "momentum", 0) else 0
+        return 2 * trainable
+
     def method_details(self, model: nn.Module) -> dict[str, Any]:
         """What the method does to this model, for results.json's `method_details` (the layers it projects and
         their ranks, its r, its projection dimension, the fraction of coordinates it selects)."""

@@ -25,6 +25,7 @@ from dpbench.privatizers.projections import (
     ProjectionSpec,
     Projector,
     projectable_weights,
+    projected_adam_state_bytes,
     projection_details,
     refuse_nothing_projected,
 )
@@ -68,6 +69,9 @@ class DPGaLore(Vanilla):
         if optimizer_config is not None:
             check_adam(optimizer_config, self.name)
         refuse_nothing_projected(model, self.config.rank, self.name)
+
+    def optimizer_state_bytes(self, model: nn.Module, optimizer_config: Any) -> int:
+        return projected_adam_state_bytes(model, self.config.rank)
 
     def method_details(self, model: nn.Module) -> dict[str, Any]:
         return projection_details(model, self.config.rank, self.config.update_every)

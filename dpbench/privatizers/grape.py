@@ -24,6 +24,7 @@ from dpbench.privatizers.projected_adam import ProjectedAdam
 from dpbench.privatizers.projections import (
     ProjectedHookEngine,
     RandomProjections,
+    projected_adam_state_bytes,
     projection_details,
     refuse_nothing_projected,
 )
@@ -61,6 +62,9 @@ class Grape(PrivatizerStrategy):
             check_adam(optimizer_config, self.name)
         check_hook_engine(model)
         refuse_nothing_projected(model, self.config.rank, self.name)
+
+    def optimizer_state_bytes(self, model: nn.Module, optimizer_config: Any) -> int:
+        return projected_adam_state_bytes(model, self.config.rank)
 
     def method_details(self, model: nn.Module) -> dict[str, Any]:
         return projection_details(model, self.config.rank, self.config.update_every)

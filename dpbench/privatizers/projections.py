@@ -93,6 +93,20 @@ def refuse_nothing_projected(model: nn.Module, rank: int, privatizer: str) -> No
     )
 
 
+def projected_adam_state_bytes(model: nn.Module, rank: int) -> int:
+    """Projected Adam's two moments: in the projected space for a projected weight, full size for the rest."""
+    projected = {id(weight) for _, weight in projectable_weights(model, rank)}
+    total = 0
+    for param in model.parameters():
+        if not param.requires_grad:
+            continue
+        numel = param.numel()
+        if id(param) in projected:
+            numel = math.prod(ProjectionSpec(0, tuple(param.shape), rank).projected_shape)
+        total += 2 * numel * param.element_size()
+    return total
+
+
 def projection_details(model: nn.Module, rank: int, update_every: int | None) -> dict[str, Any]:
     """Which weights a projecting method projects, at which rank; every other parameter is clipped exactly."""
     projected = dict(projectable_weights(model, rank))

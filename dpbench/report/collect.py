@@ -37,7 +37,7 @@ def label_of(result: dict[str, Any]) -> str:
 
 def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
     metric = result.get("test_metric", "accuracy")
-    privatizer = result.get("config", {}).get("privatizer", {}) or {}
+    privatizer = (result.get("config") or {}).get("privatizer", {}) or {}
     return {
         "label": label_of(result),
         "method": method_of(result),
@@ -45,7 +45,7 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
         "privatizer": result.get("privatizer"),
         "private": result.get("private", result.get("privatizer") != "nonprivate"),
         "model": result.get("model"),
-        "model_size": (result.get("config", {}).get("model") or {}).get("size"),
+        "model_size": ((result.get("config") or {}).get("model") or {}).get("size"),
         "parameters": result.get("parameters"),
         "data": result.get("data"),
         "epsilon": _number(result.get("epsilon")),
@@ -62,7 +62,7 @@ def row_of(result: dict[str, Any], path: Path) -> dict[str, Any]:
         "seed": result.get("seed"),
         "device": result.get("device"),
         "path": str(path.parent),
-        "config": flatten(result.get("config", {})),
+        "config": flatten(result.get("config") or {}),
     }
 
 

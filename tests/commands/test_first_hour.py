@@ -156,3 +156,13 @@ def test_a_process_group_speaks_once_warns_past_the_cores_and_reports_every_rank
     out = json.loads((tmp_path / "results.json").read_text())
     assert len(out["rank_peak_memory_mb"]) == 3
     assert out["peak_memory_mb"] == pytest.approx(sum(out["rank_peak_memory_mb"]))
+
+
+def test_the_estimate_counts_projected_adams_moments_in_the_projected_space():
+    """DP-GRAPE's Adam keeps its moments in the rank-r space: its estimate's optimizer state is below DP-Adam's."""
+    figures = {}
+    for privatizer in ("vanilla", "grape"):
+        planned = plan("+experiment=grape_memory", f"privatizer={privatizer}", "batch_size=32")
+        assert planned.returncode == 0, planned.stdout + planned.stderr
+        figures[privatizer] = float(planned.stdout.split("optimizer ")[1].split(",")[0].replace(",", ""))
+    assert 0 < figures["grape"] < 0.5 * figures["vanilla"], figures

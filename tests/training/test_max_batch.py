@@ -88,7 +88,7 @@ def test_a_trial_prepares_what_the_run_fixes_before_its_first_step(privatizer):
     """Sparse's selection budget and D2P2's noise schedule come from prepare(); a trial that skipped it crashed."""
     setting = ["model=word2vec", "data=bbc_news", "data.train_size=2000", "privacy.epsilon=30"] \
         if privatizer == "sparse" else TINY
-    trial = run_trial([*setting, f"privatizer={privatizer}"], 8, cap_mb=8000, steps=2)
+    trial = run_trial([*setting, f"privatizer={privatizer}"], 8, cap_mb=8000, steps=3)  # the third is timed
     assert trial.fits and trial.samples_per_s
 
 
