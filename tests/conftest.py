@@ -1,6 +1,7 @@
 import os
 
 import pytest
+import torch
 from hypothesis import Phase, settings
 
 from dpbench.app import hydra_setup
@@ -66,3 +67,12 @@ def small_fashion_mnist(tmp_path):
     from tests.helpers.fashion_mnist import small_fashion_mnist as fashion_mnist_subset
 
     return fashion_mnist_subset(tmp_path / "fashion-mnist")
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """One torch thread for a module's tests: small models and FFTs run faster on one than on two busy cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -28,7 +28,7 @@ import torch
 
 from dpbench.app.hydra_setup import compose
 from dpbench.core.errors import ConfigurationError
-from dpbench.profiling.memory import available_mb
+from dpbench.profiling.memory import available_mb, data_segment_mb
 from dpbench.profiling.working_set import PeakInUse, in_use_bytes
 
 log = logging.getLogger(__name__)
@@ -132,17 +132,6 @@ def _limit_data_segment(cap_mb: float) -> None:
         resource.setrlimit(resource.RLIMIT_DATA, (limit, limit))
 
 
-def _data_segment_mb() -> float:
-    """This process's data segment now (VmData): what the imports mapped before any data or model."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmData:"):
-                return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return 0.0
-
-
 def _out_of_memory(error: Exception) -> bool:
     """torch.OutOfMemoryError on CUDA; on CPU a failed allocation (RLIMIT_DATA) is a RuntimeError or MemoryError."""
     return isinstance(error, torch.OutOfMemoryError | MemoryError) or "can't allocate memory" in str(error)
@@ -168,7 +157,7 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
             index = device.index if device.index is not None else torch.cuda.current_device()
             torch.cuda.set_per_process_memory_fraction(min(1.0, cap_mb / total), index)
         else:  # the guard's room above what the imports already mapped
-            _limit_data_segment(cap_mb * RESIDENT_GUARD + _data_segment_mb())
+            _limit_data_segment(cap_mb * RESIDENT_GUARD + (data_segment_mb() or 0.0))
         data = load_data(cfg.data)
         with device:  # a billion-parameter model is initialized where it trains, not on the host first
             model = build_model(cfg.model, data)

@@ -239,7 +239,6 @@ class Sparse(PrivatizerStrategy):
                 f"privatizer.sparsity, or run privatizer=vanilla")
 
     def method_details(self, model: nn.Module) -> dict[str, Any]:
-        self._layout(model)
         return {"coordinates": self.num_coordinates, "selected_per_step": self.draws,
                 "selected_fraction": self.draws / self.num_coordinates if self.num_coordinates else None}
 

@@ -42,18 +42,19 @@ def available_mb() -> float | None:
     return None
 
 
+def data_segment_mb() -> float | None:
+    """This process's data segment (VmData): what RLIMIT_DATA counts (None where /proc is missing)."""
+    kib = _status_kib("VmData")
+    return None if kib is None else kib / 1024.0
+
+
 def data_limit_free_mb() -> float | None:
     """What the process may still map under its data-segment limit (`ulimit -d`, RLIMIT_DATA; None: no limit)."""
     soft, _ = resource.getrlimit(resource.RLIMIT_DATA)
-    if soft == resource.RLIM_INFINITY:
+    used = data_segment_mb()
+    if soft == resource.RLIM_INFINITY or used is None:
         return None
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmData:"):
-                return max(0.0, soft / 2**20 - int(line.split()[1]) / 1024.0)
-    except OSError:
-        return None
-    return None
+    return max(0.0, soft / 2**20 - used)
 
 
 def free_mb(device: torch.device) -> float | None:

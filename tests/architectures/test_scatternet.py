@@ -29,13 +29,7 @@ TASK = ClassificationTask()
 SAMPLES = 6
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """kymatio's small FFTs run about 3x slower on two threads than on one of a busy 2-core machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")  # kymatio's small FFTs: about 3x slower on two busy threads
 
 
 def _digits_model(cache_dir, **model):

@@ -23,18 +23,11 @@ from tests.helpers.per_sample_reference import (
 )
 from tests.helpers.zoo_models import PATTERNS, SAMPLES, ZOO, Entry
 
-pytestmark = pytest.mark.models_as_built
+pytestmark = [pytest.mark.models_as_built, pytest.mark.usefixtures("one_thread")]  # tiny models: one thread
 
 TASK = ClassificationTask()
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_thread():
-    """Tiny models: one thread is faster, and is not stalled by a busy neighbour's core."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 ACTION = re.compile(r"\b(use|set|pass|replace|remove|call|freeze|give|make)\b")
