@@ -27,7 +27,7 @@ from dpbench.app.run_output import drop_lightning_console, library_warnings_to_l
 from dpbench.app.wandb_run import finish_wandb, wandb_logger
 from dpbench.core.config import Config, check_run_settings, validated
 from dpbench.core.errors import ConfigurationError, RunInterrupted
-from dpbench.core.methods import method_label, off_paper, with_variant
+from dpbench.core.methods import method_label, off_paper, with_precision, with_variant
 from dpbench.core.redaction import SECRET, public_config
 from dpbench.core.registry import options
 from dpbench.core.results import RunResults, StoppedRun, summary_text, write_json_atomic, write_results
@@ -38,7 +38,13 @@ from dpbench.privacy.accountant import PrivacyAccountant
 from dpbench.privacy.budget import steps_within_budget
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privacy.randomness import PrivacyRandomness
-from dpbench.privatizers import STRATEGIES, PrivacySettings, PrivatizerStrategy, make_strategy
+from dpbench.privatizers import (
+    STRATEGIES,
+    PrivacySettings,
+    PrivatizerStrategy,
+    check_strategy_precision,
+    make_strategy,
+)
 from dpbench.privatizers.per_sample import PerSampleMismatch
 from dpbench.privatizers.privacy_plan import PrivacyPlan, declared_composition, make_plan, noise_multiplier_source
 from dpbench.profiling import ProfilerCallback
@@ -145,6 +151,7 @@ def prepare_run(cfg: DictConfig, memory_check: bool = True) -> PreparedRun:
     sampling_rate = datamodule.sampling_rate
     privacy = PrivacySettings(typed.privacy.clip_norm, sampling_rate, typed.privacy.noise_multiplier, randomness)
     strategy = make_strategy(cfg.privatizer, privacy)
+    check_strategy_precision(strategy, str(typed.trainer.precision))
     model = build_model(cfg.model, data)
     strategy.preflight(model, typed.optimizer)
     memory = estimate_memory(model, data, strategy, typed.optimizer, micro_batch, eval_batch, _run_device(typed))
@@ -152,7 +159,8 @@ def prepare_run(cfg: DictConfig, memory_check: bool = True) -> PreparedRun:
         check_fits(memory, typed.batch_size)
     plan = make_plan(strategy, typed.privacy, sampling_rate, steps, model, len(data.train))
     budget_steps = _steps_within_budget(typed, plan, strategy, steps)
-    method = with_variant(method_label(strategy.name, typed.optimizer.name), options(cfg.privatizer))
+    method = with_precision(with_variant(method_label(strategy.name, typed.optimizer.name), options(cfg.privatizer)),
+                            str(typed.trainer.precision))
     return PreparedRun(typed, data, datamodule, randomness, strategy, model, plan, steps, budget_steps, host_memory,
                        method, memory)
 
@@ -417,6 +425,7 @@ def _results(cfg: DictConfig, prepared: PreparedRun, ledger: PrivacyLedger, sess
         data=data.name,
         private=plan.private,
         device=_device_name(trainer.strategy.root_device),  # the module is back on the CPU once fit returns
+        precision=str(typed.trainer.precision),
         seed=typed.seed,
         run_dir=str(run_dir),
         config=_published_config(cfg, prepared.randomness),

@@ -52,7 +52,7 @@ class TrainerConfig:
     """Lightning strategy, e.g. ddp: each rank Poisson-samples its shard; sums meet in one all-reduce, noised once."""
     num_nodes: int = 1
     precision: str = "32-true"
-    """32 or 64 only (see check_precision)."""
+    """32-true, 64-true or bf16-mixed (see check_precision)."""
     enable_progress_bar: bool = True
     log_every_n_steps: int = 10
     check_val_every_n_epoch: int | None = 1
@@ -125,17 +125,26 @@ def _positive(value: float | None, key: str, meaning: str, optional: bool = Fals
         raise ConfigurationError(f"{key} must be {meaning}, got {value}")
 
 
-FULL_PRECISIONS = ("32", "32-true", "64", "64-true")
+PRECISIONS = ("32", "32-true", "64", "64-true", "bf16-mixed")
+MIXED_PRECISION = "bf16-mixed"
+NARROW_PRECISIONS = {
+    "16-mixed": "fp16 needs a loss scale that would have to be undone per sample before clipping",
+    "16": "fp16 needs a loss scale that would have to be undone per sample before clipping",
+    "16-true": "fp16 weights would round the noisy update away",
+    "bf16-true": "bf16 weights would round the noisy update away",
+    "bf16": "say bf16-mixed (float32 weights, bf16 forward and backward)",
+}
 
 
 def check_precision(precision: Any) -> None:
-    """Mixed or half precision is refused: Lightning's gradient scaler would rescale the privatized gradients
-    dpbench writes itself, and per-sample norms and clipped sums would be formed in reduced precision."""
-    if str(precision) not in FULL_PRECISIONS:
+    """32, 64 or bf16-mixed: under bf16-mixed the weights stay float32 (the master copies) and only the model's forward
+    and backward run at bf16; dpbench forms the per-sample norms, clipping, sums and noise in float32 itself
+    (dpbench.privatizers.per_sample.precision). fp16 and half-precision weights are refused."""
+    if str(precision) not in PRECISIONS:
+        reason = NARROW_PRECISIONS.get(str(precision), "not a precision dpbench supports")
         raise ConfigurationError(
-            f"trainer.precision={precision} is not supported: dpbench forms each privatized gradient itself "
-            "(per-sample clipping and noise), which mixed or half precision would rescale or round; use "
-            "trainer.precision=32-true (or 64-true)"
+            f"trainer.precision={precision} is not supported ({reason}): use trainer.precision=bf16-mixed, 32-true "
+            "or 64-true"
         )
 
 

@@ -75,6 +75,11 @@ def with_variant(label: str, privatizer: Mapping[str, Any]) -> str:
     return f"{label} ({', '.join(parts)})" if parts else label
 
 
+def with_precision(label: str, precision: str) -> str:
+    """The label with "(bf16)" for a bf16-mixed run, so that the report puts fp32 and bf16 of a method side by side."""
+    return f"{label} (bf16)" if precision == "bf16-mixed" else label
+
+
 def with_privatizer(method: str, privatizer: str) -> str:
     """The label and the `privatizer=` that selects it, e.g. "DP-SGD (privatizer=vanilla)"; a plugin's label
     already starts with it."""

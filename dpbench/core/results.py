@@ -57,6 +57,8 @@ class RunResults:
     data: str
     private: bool
     device: str
+    precision: str | None
+    """trainer.precision: 32-true, 64-true or bf16-mixed (null in files written before it was recorded)."""
     seed: int
     run_dir: str
     config: dict[str, Any]

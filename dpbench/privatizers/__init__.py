@@ -8,12 +8,26 @@ from typing import Any
 
 from omegaconf import DictConfig
 
+from dpbench.core.config import MIXED_PRECISION
 from dpbench.core.registry import Registry
 from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepContext, StepOutput
 from dpbench.privatizers.contract import check_contract
+from dpbench.privatizers.per_sample.precision import unsupported_mixed_precision
 
 STRATEGIES = Registry("privatizer", "dpbench.privatizers")
 """Privatizers by name: dpbench's own and installed plugins' (entry point group `dpbench.privatizers`)."""
+
+
+def mixed_precision_privatizers() -> list[str]:
+    """The privatizers whose steps run at bf16-mixed (their `supports_mixed_precision`)."""
+    return sorted(name for name, found in STRATEGIES.items()
+                  if getattr(found.factory, "supports_mixed_precision", False))
+
+
+def check_strategy_precision(strategy: PrivatizerStrategy, precision: str) -> None:
+    """Refuse bf16-mixed for a privatizer that does not widen what it forms (before any data is trained on)."""
+    if precision == MIXED_PRECISION and not strategy.supports_mixed_precision:
+        raise unsupported_mixed_precision(strategy.name, tuple(mixed_precision_privatizers()))
 
 
 def make_strategy(config: DictConfig | Mapping[str, Any], privacy: PrivacySettings) -> PrivatizerStrategy:
@@ -23,4 +37,5 @@ def make_strategy(config: DictConfig | Mapping[str, Any], privacy: PrivacySettin
     return strategy
 
 
-__all__ = ["PrivacySettings", "PrivatizerStrategy", "STRATEGIES", "StepContext", "StepOutput", "make_strategy"]
+__all__ = ["PrivacySettings", "PrivatizerStrategy", "STRATEGIES", "StepContext", "StepOutput",
+           "check_strategy_precision", "make_strategy", "mixed_precision_privatizers"]

@@ -84,6 +84,10 @@ class PrivatizerStrategy(ABC):
     is_private: ClassVar[bool] = True
     supports_data_parallel: ClassVar[bool] = True
     """False for strategies that noise outside `noised_sum` / `write_noisy_mean`: refused under DDP."""
+    supports_mixed_precision: ClassVar[bool] = False
+    """True where every tensor the strategy forms from the recorded forward is widened to float32 before a norm or a
+    sum (per_sample.precision.widened, as the hook and functorch engines do): only then is a step at bf16-mixed
+    accepted. Off by default, so that a plugin is refused rather than clipped in bf16."""
 
     def __init__(self, config: Any, privacy: PrivacySettings):
         self.config = config

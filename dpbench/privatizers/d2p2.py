@@ -42,6 +42,7 @@ from dpbench.privatizers.per_sample import (
     make_engine,
     trainable_parameters,
 )
+from dpbench.privatizers.per_sample.precision import model_forward
 
 
 @dataclass
@@ -87,6 +88,7 @@ PROJECTIONS = ("auto", "implicit", "explicit")
 
 class D2P2(PrivatizerStrategy):
     name = "d2p2"
+    supports_mixed_precision = True
     config: D2P2Config
     supports_data_parallel = False  # noises outside noised_sum: one rank's noise would not be shared
 
@@ -209,7 +211,7 @@ class D2P2(PrivatizerStrategy):
             projected = torch.where(torch.isfinite(norms)[:, None], projected, torch.zeros((), device=norms.device))
             contribution = factor_fn(norms, self.privacy.clip_norm) @ projected
             self._projected_sum = contribution if self._projected_sum is None else self._projected_sum + contribution
-            with torch.no_grad():
+            with torch.no_grad(), model_forward():
                 losses = task.per_sample_loss(model, batch)
         else:
             result = self.engine.clipped_sum(task, batch, self.privacy.clip_norm, factor_fn)

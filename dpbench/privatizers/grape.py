@@ -53,6 +53,7 @@ def check_adam(optimizer_config: Any, privatizer: str) -> None:
 
 class Grape(PrivatizerStrategy):
     name = "grape"
+    supports_mixed_precision = True
     per_sample_activation_share = 0.2  # records, projected per-sample gradients (ViT 4.8M: BENCHMARKS.md)
     config: GrapeConfig
 

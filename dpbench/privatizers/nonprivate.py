@@ -11,6 +11,7 @@ from dpbench.core.tasks import Batch, Task, batch_size_of
 from dpbench.privacy.mechanisms import Composition, Mechanism
 from dpbench.privatizers import distributed
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
+from dpbench.privatizers.per_sample.precision import model_forward
 
 
 @dataclass
@@ -20,6 +21,7 @@ class NonPrivateConfig:
 
 class NonPrivate(PrivatizerStrategy):
     name = "nonprivate"
+    supports_mixed_precision = True
     config: NonPrivateConfig
     is_private = False
 
@@ -36,7 +38,8 @@ class NonPrivate(PrivatizerStrategy):
         size = batch_size_of(batch)
         if size == 0:
             return 0.0, {"batch_size": 0.0}
-        loss = task.per_sample_loss(model, batch).sum()
+        with model_forward():
+            loss = task.per_sample_loss(model, batch).sum()
         loss.backward()
         self._samples += size
         return float(loss.detach()), {"batch_size": float(size)}

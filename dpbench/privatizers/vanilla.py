@@ -24,6 +24,7 @@ class VanillaConfig:
 
 class Vanilla(PrivatizerStrategy):
     name = "vanilla"
+    supports_mixed_precision = True
     config: VanillaConfig
 
     engine: PerSampleEngine

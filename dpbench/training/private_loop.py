@@ -218,7 +218,7 @@ def make_private(
 
 class PrivateModule(DPModule):
     """dpbench's Lightning module for your own Trainer; it refuses to train past the planned steps, and mixed
-    precision (see dpbench.core.config.check_precision)."""
+    precision other than bf16-mixed (see dpbench.core.config.check_precision)."""
 
     plan: PrivacyPlan
 

@@ -7,6 +7,8 @@ module's own attribute (the change would be a release of the batch without noise
 the rows it looked up; a running maximum read with `.item()` carries one sample into the others' forwards and into
 later steps); no gradient hook of the user's runs on a privatized gradient (it would scale what was clipped); and no
 private step applies or leaves a NaN or inf (one record can make a shared backward NaN: a perfect membership test).
+Under autocast (trainer.precision=bf16-mixed) only the model's forward runs at bf16: the step itself runs with autocast
+off, so its norms, clipping, sums, noise and update are float32 (per_sample.precision).
 """
 
 from __future__ import annotations
@@ -17,10 +19,12 @@ import torch
 from torch import Tensor, nn
 from torch.optim import Optimizer
 
-from dpbench.core.errors import NonFiniteStepError, UnsupportedModelError
+from dpbench.core.errors import ConfigurationError, NonFiniteStepError, UnsupportedModelError
 from dpbench.core.tasks import Batch, Task
 from dpbench.privacy.ledger import PrivacyLedger
+from dpbench.privatizers import mixed_precision_privatizers
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext, StepOutput
+from dpbench.privatizers.per_sample.precision import check_step_precision, float32_step
 
 MODULE_MACHINERY = frozenset(vars(nn.Module())) | {"forward"}
 """What every nn.Module keeps in its __dict__ (and dpbench's temporary forward of a recurrent layer): not the model's
@@ -94,6 +98,25 @@ def _refuse_nonfinite(model: nn.Module, what: str, step: int) -> None:
         )
 
 
+def _refuse_narrow_weights(model: nn.Module) -> None:
+    narrow = [name for name, p in model.named_parameters()
+              if p.requires_grad and p.is_floating_point() and p.element_size() < 4]
+    if narrow:
+        raise ConfigurationError(
+            f"trainable parameters {', '.join(narrow[:3])}{' ...' if len(narrow) > 3 else ''} are stored in "
+            "half precision, which would round the noisy update away: keep float32 weights (the master copies) and "
+            "run the forward at bf16 (trainer.precision=bf16-mixed, or torch.autocast)"
+        )
+
+
+def _step_precision(strategy: PrivatizerStrategy, model: nn.Module) -> tuple[str, torch.dtype | None]:
+    """The device type and the autocast dtype the step was called under (refused where the bound would not hold)."""
+    device_type = next((p.device.type for p in model.parameters()), "cpu")
+    dtype = check_step_precision(device_type, strategy.name, strategy.supports_mixed_precision,
+                                 tuple(mixed_precision_privatizers()))
+    return device_type, dtype
+
+
 def private_step(
     strategy: PrivatizerStrategy, model: nn.Module, task: Task, optimizer: Optimizer, ledger: PrivacyLedger,
     batch: Batch, ctx: StepContext,
@@ -101,20 +124,23 @@ def private_step(
     """The strategy's privatized gradient, its update, and (for a private strategy) the step's mechanisms in the
     ledger; a private step that changed the model in its forward, or that is not finite, is refused before its update
     (after it, for parameters the update made non-finite)."""
+    device_type, dtype = _step_precision(strategy, model)
     optimizer.zero_grad(set_to_none=True)
     if strategy.is_private:
         _refuse_parameter_hooks(model)
+        _refuse_narrow_weights(model)
     states = _states(model) if strategy.is_private else None
-    try:
-        output = strategy.privatize(model, task, batch, ctx)
-    except UnsupportedModelError:
-        if states is not None:  # a check that failed because the forward changed the model: name the cause
+    with float32_step(device_type, dtype):
+        try:
+            output = strategy.privatize(model, task, batch, ctx)
+        except UnsupportedModelError:
+            if states is not None:  # a check that failed because the forward changed the model: name the cause
+                _refuse_changes(model, states, ctx.step)
+            raise
+        if states is not None:
             _refuse_changes(model, states, ctx.step)
-        raise
-    if states is not None:
-        _refuse_changes(model, states, ctx.step)
-        _refuse_nonfinite(model, "gradient", ctx.step)
-    strategy.apply_update(optimizer)
+            _refuse_nonfinite(model, "gradient", ctx.step)
+        strategy.apply_update(optimizer)
     if strategy.is_private:
         ledger.record(strategy.step_mechanisms(ctx.step))
         _refuse_nonfinite(model, "model", ctx.step)

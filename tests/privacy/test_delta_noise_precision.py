@@ -106,20 +106,20 @@ def test_make_private_refuses_both_a_target_epsilon_and_a_noise_multiplier():
 
 # -- precision -----------------------------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("precision", ["16", "16-mixed", "bf16-mixed", "bf16", "16-true", "bf16-true"])
-def test_reduced_precision_is_refused_in_one_line(precision):
+@pytest.mark.parametrize("precision", ["16", "16-mixed", "bf16", "16-true", "bf16-true"])
+def test_fp16_and_half_precision_weights_are_refused_in_one_line(precision):
     typed = validated(Config, _config(f"trainer.precision={precision}"), "top-level")
-    with pytest.raises(ConfigurationError, match=f"trainer.precision={precision} .*trainer.precision=32-true") as error:
+    with pytest.raises(ConfigurationError, match=f"trainer.precision={precision} .*bf16-mixed, 32-true") as error:
         check_run_settings(typed)
     assert "\n" not in str(error.value)
 
 
-@pytest.mark.parametrize("precision", ["32", "32-true", "64", "64-true"])
-def test_full_precision_is_accepted(precision):
+@pytest.mark.parametrize("precision", ["32", "32-true", "64", "64-true", "bf16-mixed"])
+def test_full_and_bf16_mixed_precision_are_accepted(precision):
     check_run_settings(validated(Config, _config(f"trainer.precision={precision}"), "top-level"))
 
 
-def test_own_trainer_with_mixed_precision_is_refused_before_a_step():
+def test_own_trainer_with_bf16_weights_is_refused_before_a_step():
     x = torch.randn(300, 6)
     y = (x[:, 0] > 0).long()
     data = dpbench.DataBundle("toy", dpbench.TensorSplit(x[:200], y[:200]), dpbench.TensorSplit(x[200:], y[200:]),
@@ -127,7 +127,7 @@ def test_own_trainer_with_mixed_precision_is_refused_before_a_step():
     module, datamodule = dpbench.make_private_module(nn.Linear(6, 2), data, "vanilla",
                                                      optimizer=dpbench.OptimizerConfig(lr=0.1), batch_size=20,
                                                      steps=3, target_epsilon=3.0)
-    trainer = L.Trainer(max_steps=3, accelerator="cpu", precision="bf16-mixed", logger=False,
+    trainer = L.Trainer(max_steps=3, accelerator="cpu", precision="bf16-true", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         use_distributed_sampler=False)
     with pytest.raises(ConfigurationError, match="precision"):

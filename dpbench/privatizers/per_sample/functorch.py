@@ -17,6 +17,7 @@ from torch.utils._pytree import tree_map
 from dpbench.core.tasks import Batch, Task
 from dpbench.privatizers.clipping import FactorFn, clip_factors
 from dpbench.privatizers.per_sample.base import ClippedSum, refuse_sample_mixing_layers, trainable_parameters
+from dpbench.privatizers.per_sample.precision import model_forward
 from dpbench.privatizers.per_sample.vmap_traceable import vmap_traceable
 
 log = logging.getLogger(__name__)
@@ -43,7 +44,8 @@ class FunctorchEngine:
             def forward(x):
                 return functional_call(self.model, {**params, **frozen}, (x,))
 
-            return task.per_sample_loss(forward, one)[0]
+            with model_forward():
+                return task.per_sample_loss(forward, one)[0]
 
         inputs, targets = batch
         if not self.per_example_loop:
@@ -73,7 +75,7 @@ class FunctorchEngine:
         for name, g in per_sample.items():
             g = torch.where(finite.view(-1, *([1] * (g.dim() - 1))), g, torch.zeros((), dtype=g.dtype))
             grads[name] = torch.tensordot(factors.to(g.dtype), g, dims=1)
-        with torch.no_grad():
+        with torch.no_grad(), model_forward():
             losses = task.per_sample_loss(self.model, batch)
         return ClippedSum(grads=grads, norms=norms, losses=losses)
 

@@ -37,6 +37,7 @@ from dpbench.privatizers.per_sample.check_schedule import CheckSchedule
 from dpbench.privatizers.per_sample.construction import PROVEN, require_fast_path
 from dpbench.privatizers.per_sample.layers import SiteMap, handler_for, input_for
 from dpbench.privatizers.per_sample.norms import group_norm_sq, total_norm_sq
+from dpbench.privatizers.per_sample.precision import model_forward, widened
 from dpbench.privatizers.per_sample.rnn_gate_forward import GateRecord, gate_forward
 from dpbench.privatizers.per_sample.rnn_recompute import refuse_unsupported_call
 from dpbench.privatizers.per_sample.rnn_unrolled import RECURRENT_LAYERS
@@ -188,7 +189,8 @@ class HookEngine:
         for module in swapped:
             module.forward = functools.partial(gate_forward, module, self._gates)
         try:
-            return task.per_sample_loss(self.model, batch)
+            with model_forward():
+                return task.per_sample_loss(self.model, batch)
         finally:
             self._recording = False
             for module in swapped:
@@ -320,7 +322,7 @@ class HookEngine:
                     f"{self.name(module)} was called on {x.batch} sequences, not the batch's {batch} samples, so the "
                     "hooks cannot tell the samples apart: pass per-sample inputs, or use privatizer.engine=functorch"
                 )
-            return self.module_sites(module, x, g, dense)
+            return self.module_sites(module, widened(x), widened(g), dense)
         x, g = _unflatten_tokens(x, g, batch)
         batch_dim = 1 if getattr(module, "batch_first", True) is False else 0
         if x.shape[batch_dim] != batch:
@@ -331,7 +333,7 @@ class HookEngine:
                 "(B, ...) inputs (dpbench's SequenceClassifier gives BERT, DistilBERT and GPT-2 (B, T) position "
                 "ids), or use privatizer.engine=functorch (or auto)"
             )
-        return self.module_sites(module, x.detach(), g, dense)
+        return self.module_sites(module, widened(x.detach()), widened(g), dense)
 
     def module_sites(self, module: nn.Module, x: Tensor, g: Tensor, dense: bool) -> SiteMap:
         """One recorded call's sites, by parameter: the layer's rule (strategies may transform them, e.g. GRAPE)."""

@@ -31,6 +31,7 @@ from torch.utils._pytree import tree_map
 
 from dpbench.core.tasks import Batch, Task
 from dpbench.privatizers.per_sample.base import graph_nodes
+from dpbench.privatizers.per_sample.precision import forward_dtype, model_forward
 
 DROPOUTS = {
     F.dropout, F.dropout1d, F.dropout2d, F.dropout3d, F.alpha_dropout, F.feature_alpha_dropout,
@@ -48,7 +49,7 @@ class Deviation(NamedTuple):
     error: float
     """max(|g_engine - g_reference|, |engine norm - reference norm|)."""
     reference_norm: float
-    dtypes: tuple[torch.dtype, torch.dtype]
+    dtypes: tuple[torch.dtype, ...]
 
 
 Compare = Callable[[str, nn.Parameter, Tensor | None], Deviation]
@@ -175,7 +176,8 @@ def per_example_deviations(
         param.grad = None
     handles = [param.register_post_accumulate_grad_hook(on_gradient) for param in params.values()]
     try:
-        loss = task.per_sample_loss(model, select(batch, [sample] * copies))[0]
+        with model_forward():
+            loss = task.per_sample_loss(model, select(batch, [sample] * copies))[0]
         if loss.requires_grad:
             loss.backward(inputs=list(params.values()))
     finally:
@@ -193,7 +195,8 @@ def deviation(got: Tensor, got_norm: float, reference: Tensor) -> Deviation:
     """The engine's per-sample gradient `got` (consumed) and the norm it clips with, against the per-example
     `reference`. A reference that is not finite must be matched by an engine value that is not finite either (the
     step drops that sample); a finite one there means the batch computed something the sample alone does not."""
-    dtypes = (got.dtype, reference.dtype)
+    lowered = forward_dtype()
+    dtypes = (got.dtype, reference.dtype) + ((lowered,) if lowered is not None else ())
     reference_norm = float(reference.norm())
     if not math.isfinite(reference_norm):
         return Deviation(0.0 if not math.isfinite(got_norm) else math.inf, 0.0, dtypes)
@@ -218,7 +221,7 @@ def mismatched(deviations: dict[str, Deviation]) -> dict[str, float]:
 
     The error of a parameter is measured against its own reference norm plus 1e-4 of the sample's total, so that
     parameters with (nearly) zero gradient are compared at the precision the clipping sees, in the coarser of the two
-    sides' precisions (mixed precision forms the sites in the activations' dtype).
+    sides' precisions and the forward's (bf16 under autocast, see per_sample.precision).
     """
     total = math.sqrt(sum(d.reference_norm ** 2 for d in deviations.values()))
     bad = {}
