@@ -9,7 +9,8 @@ from __future__ import annotations
 import importlib
 import sys
 
-BENCHMARKS = ["vanilla_cnn", "grape_vit", "jl_lstm", "d2p2", "sparse_word2vec", "per_sample_checks", "overhead"]
+BENCHMARKS = ["vanilla_cnn", "grape_vit", "jl_lstm", "d2p2", "sparse_word2vec", "per_sample_checks", "overhead",
+              "mixed_precision"]
 
 
 def main() -> None:

@@ -43,6 +43,7 @@ from dpbench.privatizers import (
     PrivacySettings,
     PrivatizerStrategy,
     check_strategy_precision,
+    check_strategy_sharding,
     make_strategy,
 )
 from dpbench.privatizers.per_sample import PerSampleMismatch
@@ -65,6 +66,7 @@ from dpbench.training.resume import (
     read_saved_run,
     resume_mode,
 )
+from dpbench.training.sharding import lightning_strategy
 
 log = logging.getLogger(__name__)
 LEDGER_FILE = "privacy_ledger.json"
@@ -152,6 +154,7 @@ def prepare_run(cfg: DictConfig, memory_check: bool = True) -> PreparedRun:
     privacy = PrivacySettings(typed.privacy.clip_norm, sampling_rate, typed.privacy.noise_multiplier, randomness)
     strategy = make_strategy(cfg.privatizer, privacy)
     check_strategy_precision(strategy, str(typed.trainer.precision))
+    check_strategy_sharding(strategy, str(typed.trainer.strategy))
     model = build_model(cfg.model, data)
     strategy.preflight(model, typed.optimizer)
     memory = estimate_memory(model, data, strategy, typed.optimizer, micro_batch, eval_batch, _run_device(typed))
@@ -192,7 +195,7 @@ def _trainer(
         return L.Trainer(
             accelerator=accelerator,
             devices=typed.trainer.devices,
-            strategy=typed.trainer.strategy,
+            strategy=lightning_strategy(typed.trainer.strategy, typed.trainer.devices, typed.trainer.num_nodes),
             num_nodes=typed.trainer.num_nodes,
             precision=typed.trainer.precision,
             max_epochs=-1 if typed.max_steps else typed.epochs,
@@ -369,7 +372,8 @@ def _fit_and_evaluate(session: TrainingSession, module: DPModule, prepared: Prep
         warnings.filterwarnings("ignore", ".*TensorBoard.*")
         warnings.filterwarnings("ignore", ".*resuming from a checkpoint that ended before the epoch ended.*")
         try:
-            trainer.fit(module, datamodule=prepared.datamodule, ckpt_path=str(resume_from) if resume_from else None)
+            trainer.fit(module, datamodule=prepared.datamodule, ckpt_path=str(resume_from) if resume_from else None,
+                        weights_only=True)
         except (torch.OutOfMemoryError, MemoryError) as error:
             raise ConfigurationError(
                 f"out of memory at batch_size={typed.batch_size} ({type(error).__name__}). Keep the logical batch "

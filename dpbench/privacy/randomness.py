@@ -32,7 +32,7 @@ from torch import Tensor
 from dpbench.core.errors import ConfigurationError
 
 STREAMS = {"sampling": 1, "shuffle": 2, "noise": 3, "jl": 4, "d2p2": 5, "selection": 6, "grape": 7,
-           "verify": 8, "tuning": 9}
+           "verify": 8, "tuning": 9, "sharded_noise": 10}
 """Stream identifiers mixed into every key: no two uses of the root share a stream."""
 
 

@@ -13,6 +13,7 @@ from dpbench.core.registry import Registry
 from dpbench.privatizers.base import PrivacySettings, PrivatizerStrategy, StepContext, StepOutput
 from dpbench.privatizers.contract import check_contract
 from dpbench.privatizers.per_sample.precision import unsupported_mixed_precision
+from dpbench.privatizers.sharding import unsupported_sharding
 
 STRATEGIES = Registry("privatizer", "dpbench.privatizers")
 """Privatizers by name: dpbench's own and installed plugins' (entry point group `dpbench.privatizers`)."""
@@ -30,6 +31,12 @@ def check_strategy_precision(strategy: PrivatizerStrategy, precision: str) -> No
         raise unsupported_mixed_precision(strategy.name, tuple(mixed_precision_privatizers()))
 
 
+def check_strategy_sharding(strategy: PrivatizerStrategy, trainer_strategy: str) -> None:
+    """Refuse trainer.strategy=fsdp for a privatizer that cannot shard (before any process is launched)."""
+    if trainer_strategy == "fsdp" and not strategy.supports_sharding:
+        raise unsupported_sharding(strategy.name)
+
+
 def make_strategy(config: DictConfig | Mapping[str, Any], privacy: PrivacySettings) -> PrivatizerStrategy:
     """The strategy a `privatizer` config node names (by `name` or `_target_`), checked against its contract."""
     strategy = STRATEGIES.build(config, privacy)
@@ -38,4 +45,4 @@ def make_strategy(config: DictConfig | Mapping[str, Any], privacy: PrivacySettin
 
 
 __all__ = ["PrivacySettings", "PrivatizerStrategy", "STRATEGIES", "StepContext", "StepOutput",
-           "check_strategy_precision", "make_strategy", "mixed_precision_privatizers"]
+           "check_strategy_precision", "check_strategy_sharding", "make_strategy", "mixed_precision_privatizers"]

@@ -23,6 +23,7 @@ from dpbench.privacy.randomness import PrivacyRandomness, PrivateStream
 from dpbench.privatizers import distributed
 from dpbench.privatizers.per_sample import trainable_parameters
 from dpbench.privatizers.per_sample.check_schedule import CheckSchedule
+from dpbench.privatizers.sharding import as_sharded_grad, is_sharded, shard_noise, shard_of_sum, sharded_model
 
 
 @dataclass
@@ -65,6 +66,16 @@ def split_batch(batch: Batch, size: int | None) -> list[Batch]:
     return micro
 
 
+def aligned_micro_batches(micro_batches: list[Batch], device: torch.device) -> list[Batch]:
+    """As many micro-batches as the rank with the most, the missing ones empty."""
+    count = torch.tensor([len(micro_batches)], device=device)
+    if distributed.is_distributed():
+        torch.distributed.all_reduce(count, op=torch.distributed.ReduceOp.MAX)
+    inputs, targets = micro_batches[-1]
+    empty = (tree_map(lambda t: t[:0], inputs), targets[:0])
+    return micro_batches + [empty] * (int(count.item()) - len(micro_batches))
+
+
 def merge_stats(parts: list[dict[str, float]]) -> dict[str, float]:
     """Combine micro-batch statistics: sizes and counts add up, rates are averaged by batch size."""
     total = sum(p.get("batch_size", 0.0) for p in parts)
@@ -84,6 +95,9 @@ class PrivatizerStrategy(ABC):
     is_private: ClassVar[bool] = True
     supports_data_parallel: ClassVar[bool] = True
     """False for strategies that noise outside `noised_sum` / `write_noisy_mean`: refused under DDP."""
+    supports_sharding: ClassVar[bool] = False
+    """True where the strategy writes its noisy gradient through `write_noisy_mean`, which reduce-scatters and noises
+    FSDP2's shards (privatizers.sharding), and its engine runs on a sharded model: trainer.strategy=fsdp."""
     supports_mixed_precision: ClassVar[bool] = False
     """True where every tensor the strategy forms from the recorded forward is widened to float32 before a norm or a
     sum (per_sample.precision.widened, as the hook and functorch engines do): only then is a step at bf16-mixed
@@ -167,6 +181,12 @@ class PrivatizerStrategy(ABC):
     def attach(self, model: nn.Module) -> None:
         """Validate the model and set up whatever the strategy needs on it (hooks, engines)."""
 
+    def detach(self) -> None:
+        """Undo attach (its hooks), before the model is sharded and attached again."""
+        detach = getattr(getattr(self, "engine", None), "detach", None)
+        if detach is not None:
+            detach()
+
     def configure_optimizer(self, model: nn.Module, optimizer_config: Any) -> Optimizer:
         return build_optimizer(trainable_parameters(model).values(), optimizer_config)
 
@@ -177,7 +197,10 @@ class PrivatizerStrategy(ABC):
         """
         self.checks.begin_step(ctx.step)
         losses, stats = [], []
-        for micro in split_batch(batch, ctx.physical_batch_size):
+        micro_batches = split_batch(batch, ctx.physical_batch_size)
+        if sharded_model(model):  # every rank runs the same forwards (FSDP2 gathers parameters in each)
+            micro_batches = aligned_micro_batches(micro_batches, next(model.parameters()).device)
+        for micro in micro_batches:
             loss_sum, micro_stats = self.accumulate(model, task, micro, ctx)
             losses.append(loss_sum)
             stats.append(micro_stats)
@@ -197,6 +220,11 @@ class PrivatizerStrategy(ABC):
     def finalize(self, model: nn.Module, ctx: StepContext) -> None:
         """Noise the accumulated sums once, write .grad, and reset the sums for the next logical step."""
 
+    def skips(self, model: nn.Module, batch: Batch) -> bool:
+        """Whether a micro-batch adds nothing and needs no forward: an empty one, unless the model is sharded (every
+        rank's forwards gather parameters together)."""
+        return batch_size_of(batch) == 0 and not sharded_model(model)
+
     def apply_update(self, optimizer: Optimizer) -> None:
         optimizer.step()
 
@@ -212,8 +240,16 @@ class PrivatizerStrategy(ABC):
         Each sum leaves `clipped_sums` as its gradient is written, so the step never holds every sum and every
         gradient at once (one copy of the parameters less at the step's peak)."""
         std = self.noise_multiplier * self.privacy.clip_norm
+        shard_draws = None
         for name, param in trainable_parameters(model).items():
             total = clipped_sums.pop(name, None)
+            if is_sharded(param):
+                total = torch.zeros(param.shape, device=param.device) if total is None else total
+                local = shard_of_sum(total.to(param.dtype), param)
+                shard_draws = shard_draws or shard_noise(self.privacy.randomness, ctx.step, param, local.device)
+                noisy = shard_draws.normal(local.shape, local.dtype).mul_(std).add_(local)
+                param.grad = as_sharded_grad(noisy.div_(ctx.expected_batch_size), param)
+                continue
             total = torch.zeros_like(param) if total is None else total.to(param.dtype)
             param.grad = self.noised_sum(total, std).div_(ctx.expected_batch_size)
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import Tensor, nn
 
-from dpbench.core.tasks import Batch, Task, batch_size_of
+from dpbench.core.tasks import Batch, Task
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clipping_stats
 from dpbench.privatizers.per_sample import PerSampleEngine, check_engine, engine_state_bytes, make_engine
@@ -25,6 +25,7 @@ class VanillaConfig:
 class Vanilla(PrivatizerStrategy):
     name = "vanilla"
     supports_mixed_precision = True
+    supports_sharding = True
     config: VanillaConfig
 
     engine: PerSampleEngine
@@ -41,7 +42,7 @@ class Vanilla(PrivatizerStrategy):
         self._sums: dict[str, Tensor] = {}
 
     def accumulate(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> tuple[float, dict]:
-        if batch_size_of(batch) == 0:  # an empty Poisson batch is still a step: noise only
+        if self.skips(model, batch):  # an empty Poisson batch is still a step: noise only
             return 0.0, {"batch_size": 0.0}
         result = self.engine.clipped_sum(task, batch, self.privacy.clip_norm)
         for name, grad in result.grads.items():

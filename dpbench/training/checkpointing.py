@@ -20,8 +20,10 @@ from typing import Any
 import lightning as L
 import numpy as np
 import torch
+from lightning.pytorch.strategies import ModelParallelStrategy
 
 from dpbench.core.errors import RunInterrupted
+from dpbench.training.sharded_checkpoint import save_sharded
 
 log = logging.getLogger(__name__)
 STOP_SIGNALS = (signal.SIGINT, signal.SIGTERM)
@@ -129,7 +131,10 @@ class PeriodicCheckpoint(L.Callback):
         started = time.perf_counter()
         for logger in trainer.loggers:  # the history on disk reaches at least as far as the checkpoint
             logger.save()
-        trainer.save_checkpoint(self.path, weights_only=False)  # the full state, not only the weights
+        if isinstance(trainer.strategy, ModelParallelStrategy):
+            save_sharded(trainer, self.path)
+        else:
+            trainer.save_checkpoint(self.path, weights_only=False)  # the full state, not only the weights
         self.save_seconds.append(time.perf_counter() - started)
         self._last_save = time.monotonic()
         moved = (f" (due at step {moved_from}, an epoch's last step, which Lightning would resume without its "

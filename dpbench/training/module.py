@@ -14,6 +14,8 @@ from dpbench.core.tasks import Batch, Task
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privatizers import distributed
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
+from dpbench.privatizers.sharding import sharded_model, unsupported_sharding
+from dpbench.training.sharding import shard
 from dpbench.training.step import private_step
 
 
@@ -55,6 +57,18 @@ class DPModule(L.LightningModule):
     def setup(self, stage: str) -> None:
         """Every rank uses rank 0's secret root, so that shared draws (GRAPE's projections) agree across ranks."""
         distributed.broadcast_randomness(self.strategy.privacy.randomness)
+
+    def configure_model(self) -> None:
+        """Under trainer.strategy=fsdp: shard the model over the data-parallel mesh, and attach the strategy again to
+        the sharded parameters (fully_shard replaces every parameter by a DTensor)."""
+        mesh = self._device_mesh
+        if mesh is None or sharded_model(self.model):
+            return
+        if not self.strategy.supports_sharding:
+            raise unsupported_sharding(self.strategy.name)
+        self.strategy.detach()
+        shard(self.model, mesh["data_parallel"])
+        self.strategy.attach(self.model)
 
     def on_train_start(self) -> None:
         if distributed.world_size() > 1 and not self.strategy.supports_data_parallel:

@@ -26,6 +26,7 @@ from dpbench.core.redaction import SECRET
 from dpbench.core.results import RunResults, read_results
 from dpbench.training.checkpoint_io import load_checkpoint
 from dpbench.training.checkpointing import RUN_STATE_KEY
+from dpbench.training.sharded_checkpoint import recover_interrupted_swap, sharded_metadata
 
 RESUME_MODES = {"false": "false", "true": "true", "auto": "auto"}
 PLAN_KEYS = ("private", "sampling", "sampling_rate", "steps", "delta", "clip_norm", "noise_multiplier", "calibrated")
@@ -79,7 +80,11 @@ def checkpoint_to_resume(value: Any, checkpoint: Path) -> Path | None:
 
 
 def checkpoint_path(run_dir: Path) -> Path:
-    return Path(run_dir) / CHECKPOINT_DIR / CHECKPOINT_FILE
+    """The run's checkpoint (a file, or a directory of shards under trainer.strategy=fsdp), one a kill left aside
+    mid-swap put back."""
+    path = Path(run_dir) / CHECKPOINT_DIR / CHECKPOINT_FILE
+    recover_interrupted_swap(path)
+    return path
 
 
 def finished_results(run_dir: Path) -> RunResults | None:
@@ -118,7 +123,7 @@ def read_saved_run(path: Path) -> SavedRun:
     """Load the checkpoint's run state; a torn, empty, foreign or crafted file is one clear error, not a traceback
     (and a crafted one runs nothing: see `load_checkpoint`)."""
     try:
-        checkpoint = load_checkpoint(path, mmap=True)
+        checkpoint = load_checkpoint(sharded_metadata(path) if path.is_dir() else path, mmap=True)
     except ConfigurationError:
         raise
     except Exception as error:  # torch raises many kinds for a torn file: all mean the same to the user

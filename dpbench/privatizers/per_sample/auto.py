@@ -37,6 +37,7 @@ from dpbench.privatizers.per_sample.verify import (
     per_example_deviations,
     select,
 )
+from dpbench.privatizers.sharding import sharded_model
 
 log = logging.getLogger(__name__)
 
@@ -127,7 +128,16 @@ class AutoEngine:
                         "(slower): %s", refusal)
         self.engine = self._functorch(str(refusal))
 
+    def detach(self) -> None:
+        if isinstance(self.engine, HookEngine):
+            self.engine.detach()
+
     def _functorch(self, reason: str | None) -> FunctorchEngine:
+        if sharded_model(self.model):
+            raise UnsupportedModelError(
+                f"trainer.strategy=fsdp needs the hook engine (vmap cannot run FSDP2's sharded parameters), and it "
+                f"does not serve this model: {reason}"
+            )
         self.checks.engine = {"name": "functorch", "why": VMAP + (f"; the hooks do not serve it: {reason}" if reason
                                                                    else "")}
         return FunctorchEngine(self.model, chunk_size=self.chunk_size)

@@ -40,6 +40,8 @@ class CheckSchedule:
         """Parameters whose gradient was zero for every sample of the last checked batch."""
         self.switched: dict[str, Any] | None = None
         """engine=auto: where a check sent the run to the exact engine."""
+        self.off: str | None = None
+        """Why the engine's gradients are not checked against per-example passes (None: they are)."""
         self.engine: dict[str, str] | None = None
         """The per-sample engine serving the run now, and why (construction.py), for results.json."""
         self._next = 0
@@ -124,6 +126,7 @@ class CheckSchedule:
             "time_fraction": self.time_fraction,
             "switched_engine": self.switched,
             "engine": self.engine,
+            "unchecked_because": self.off,
         }
 
     def state_dict(self) -> dict[str, Any]:

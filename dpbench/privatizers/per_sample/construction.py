@@ -25,7 +25,7 @@ import torch
 from torch import nn
 
 from dpbench.core.errors import UnsupportedModelError
-from dpbench.models.provenance import built_structure, structure
+from dpbench.models.provenance import built_structure, structure, unwrapped_type
 
 PER_SAMPLE_LAYERS: tuple[type[nn.Module], ...] = (
     nn.Sequential, nn.Linear, nn.Bilinear, nn.Conv1d, nn.Conv2d, nn.Embedding, nn.LayerNorm, nn.GroupNorm,
@@ -45,11 +45,16 @@ VMAP = "torch.func.vmap: each sample's forward sees no batch dimension (per-samp
 FIX = ("privatizer.engine=functorch (or auto) runs any model under torch.func.vmap, per-sample by construction "
        "(privatizer=vanilla or d2p2); the other privatizers need a model dpbench has proven per-sample")
 
+KNOWN_HOOK_MODULES = ("dpbench.", "torch.distributed.fsdp._fully_shard.")
+"""Whose module hooks are known not to touch the samples: dpbench's engines' recording hooks, and FSDP2's, which
+gather a sharded module's parameters before its forward and free them after."""
+
+
 def _foreign_hooks(hooks: dict) -> bool:
-    """Hooks not registered by dpbench itself (the engines' recording hooks are dpbench's)."""
+    """Hooks of neither dpbench nor FSDP2 (KNOWN_HOOK_MODULES)."""
     for hook in hooks.values():
         function = getattr(hook, "func", hook)  # functools.partial
-        if not getattr(function, "__module__", "").startswith("dpbench."):
+        if not getattr(function, "__module__", "").startswith(KNOWN_HOOK_MODULES):
             return True
     return False
 
@@ -85,11 +90,12 @@ def _module_refusal(name: str, module: nn.Module) -> str | None:
         if built != structure(module):
             return f"{name} ({type(module).__name__}) has other modules than dpbench built it with"
         return None
-    if type(module) not in PER_SAMPLE_LAYERS:
-        return (f"{name} ({type(module).__name__}) has a forward dpbench has not proven per-sample (code of your "
+    cls = unwrapped_type(module)
+    if cls not in PER_SAMPLE_LAYERS:
+        return (f"{name} ({cls.__name__}) has a forward dpbench has not proven per-sample (code of your "
                 "own, or a layer outside the per-sample torch.nn layers)")
-    if type(module).forward is not _FORWARDS[type(module)]:
-        return f"{name} ({type(module).__name__}) has its class's forward patched"
+    if type(module).forward is not _FORWARDS[cls]:
+        return f"{name} ({cls.__name__}) has its class's forward patched"
     layer = _layer_refusal(name, module)
     if layer is not None:
         return layer

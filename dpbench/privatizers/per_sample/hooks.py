@@ -52,6 +52,7 @@ from dpbench.privatizers.per_sample.verify import (
     per_example_deviations,
     sample_mismatch,
 )
+from dpbench.privatizers.sharding import sharded_model
 
 
 class PerSampleMismatch(UnsupportedModelError):
@@ -66,6 +67,12 @@ class PerSampleMismatch(UnsupportedModelError):
 NOT_HOOKABLE = (
     "make the model call each layer on batch-first inputs and use parameters only through their layer, or use "
     "privatizer.engine=functorch (or auto) where the privatizer has one"
+)
+
+
+SHARDED_UNCHECKED = (
+    "FSDP2: a per-example pass would reduce-scatter its gradient over the ranks, so no reference is formed; the model "
+    "is proven per-sample by construction before every step (construction.py), as the hook engine requires"
 )
 
 
@@ -209,7 +216,9 @@ class HookEngine:
                 "before make_private or the run starts, or use privatizer.engine=functorch (or auto)")
         checked = None
         device = next(iter(self.params.values())).device  # where the model is now (Lightning moves it after attach)
-        if distributed.any_rank(self.checks.due(), device):
+        if sharded_model(self.model):
+            self.checks.off = SHARDED_UNCHECKED
+        elif distributed.any_rank(self.checks.due(), device):
             checked, bad = self._verify(task, batch, dense) if batch_size_of(batch) > 1 else (None, {})
             if distributed.any_rank(bool(bad), device):
                 raise self._mismatch(bad)
@@ -315,7 +324,10 @@ class HookEngine:
         return per_call
 
     def call_sites(self, module: nn.Module, x: Tensor, g, batch: int, dense: bool) -> SiteMap:
-        """Sites of one recorded call, after checking that the call saw the whole batch."""
+        """Sites of one recorded call, after checking that the call saw the whole batch. An empty batch (run only so
+        that a sharded model's ranks gather parameters together) has none."""
+        if batch == 0:
+            return {}
         if isinstance(x, GateRecord):
             if x.batch != batch:
                 raise UnsupportedModelError(
@@ -436,7 +448,7 @@ class HookEngine:
         grads = {name: sum(site.weighted_sum(factors) for site in group) for name, group in sites.items()}
         for name, param in self.params.items():
             if name not in grads:  # not reached by this batch's forward pass: its gradient is zero
-                grads[name] = torch.zeros_like(param)
+                grads[name] = torch.zeros(param.shape, dtype=param.dtype, device=param.device)
         return ClippedSum(grads=grads, norms=norms, losses=losses)
 
     def clipped_sites(
