@@ -1,17 +1,62 @@
-"""The frontier's figure, as in the GRAPE paper's Figure 3: peak memory against batch size, one line per method,
-the cap drawn, and each method's first failing batch marked where the line would cross it."""
+"""The frontier's figure, as in the GRAPE paper's Figure 3: peak memory against batch size, one line per method in
+its colour and marker (dpbench.core.method_style), the cap drawn, and each method's first failing batch marked where
+the line would cross it. The batch axis is labelled with the batch sizes tried, and the title says in words what
+the Hydra overrides chose."""
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.axes import Axes  # noqa: E402
+from matplotlib.ticker import FixedLocator, NullLocator, StrMethodFormatter  # noqa: E402
 
 from dpbench.app.frontier import FrontierRow  # noqa: E402
-from dpbench.core.methods import preset_label  # noqa: E402
+from dpbench.core.method_style import legend_columns, style_of  # noqa: E402
+from dpbench.core.methods import METHODS, method_label, preset_label  # noqa: E402
+
+TITLE_WIDTH = 70
+"""Characters a title line holds at the figure's width."""
+
+
+def plain_title(title: str) -> str:
+    """'model=opt model.size=1.3b (CPU)' -> 'opt (size 1.3b) on CPU: peak memory vs batch size': the overrides a
+    caller names its model by, read as words; a title without overrides is kept."""
+    words, _, device = title.rpartition(" (") if title.endswith(")") else (title, "", "")
+    device = device.removesuffix(")")
+    model, details = "", []
+    for token in words.split():
+        key, equals, value = token.partition("=")
+        if not equals:
+            model = f"{model} {token}".strip()
+        elif key.lstrip("+").split(".")[-1] == key.lstrip("+"):
+            model = f"{model} {value}".strip()
+        else:
+            details.append(f"{key.split('.')[-1].replace('_', ' ')} {value}")
+    name = model + (f" ({', '.join(details)})" if details else "")
+    return f"{name}{f' on {device}' if device else ''}: peak memory vs batch size"
+
+
+def _method(privatizer: str, optimizer: str | None) -> str:
+    """The label a method's colour is keyed by: a built-in method's own label ('vanilla' is plain DP-Adam, as in
+    the leaderboard), a preset's otherwise ('DP-Adam (materialized per-sample gradients)', 'DP-Adam-JL (r=5)')."""
+    return method_label(privatizer, optimizer) if privatizer in METHODS else preset_label(privatizer, optimizer)
+
+
+def _batch_axis(axes: Axes, batches: list[int]) -> None:
+    """A log2 batch axis whose ticks are the batch sizes tried, written as integers (not 2^k), one if one was."""
+    if not batches:  # refusals alone: nothing to place on a batch axis
+        return
+    axes.set_xscale("log", base=2)
+    axes.xaxis.set_major_locator(FixedLocator(sorted(set(batches))))
+    axes.xaxis.set_major_formatter(StrMethodFormatter("{x:g}"))
+    axes.xaxis.set_minor_locator(NullLocator())
+    low, high = min(batches), max(batches)
+    axes.set_xlim(low / 1.5, high * 1.5)
 
 
 def plot_frontier(rows: list[FrontierRow], cap_mb: float, title: str, path: Path, optimizer: str | None) -> Path:
@@ -20,19 +65,18 @@ def plot_frontier(rows: list[FrontierRow], cap_mb: float, title: str, path: Path
         fitted = sorted((t.batch_size, t.peak_mb) for t in row.trials if t.fits and t.peak_mb)
         failed = sorted(t.batch_size for t in row.trials if not t.fits)
         status = " (refused)" if row.refused else " (OOM at batch 1)" if row.out_of_memory_at_1 else ""
-        label = preset_label(row.privatizer, optimizer) + status
-        line = axes.plot([b for b, _ in fitted], [m / 1024 for _, m in fitted], marker="o", label=label)
-        color = line[0].get_color()
+        style = style_of(_method(row.privatizer, optimizer))
+        axes.plot([b for b, _ in fitted], [m / 1024 for _, m in fitted], marker=style.marker, color=style.colour,
+                  label=preset_label(row.privatizer, optimizer) + status)
         if failed:
-            axes.plot([failed[0]], [cap_mb / 1024], marker="x", markersize=9, color=color, linestyle="none")
+            axes.plot([failed[0]], [cap_mb / 1024], marker="x", markersize=9, color=style.colour, linestyle="none")
     axes.axhline(cap_mb / 1024, color="black", linestyle="--", linewidth=1, label=f"cap {cap_mb / 1024:g} GiB")
-    if any(row.trials for row in rows):
-        axes.set_xscale("log", base=2)  # batch sizes; a plot of refusals alone has none
+    _batch_axis(axes, [t.batch_size for row in rows for t in row.trials])
     axes.set_xlabel("batch size (x: first batch out of memory)")
     axes.set_ylabel("peak memory (GiB)")
-    axes.set_title(title)
+    axes.set_title(textwrap.fill(plain_title(title), TITLE_WIDTH, break_on_hyphens=False), fontsize=10)
     axes.grid(alpha=0.3)
-    axes.legend(fontsize="small")
+    axes.legend(fontsize="small", ncol=legend_columns(len(axes.get_legend_handles_labels()[1])))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=150)
     plt.close(figure)

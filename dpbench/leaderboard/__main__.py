@@ -1,5 +1,5 @@
 """python -m dpbench.leaderboard [--quick] [--report-only] [--dry-run] [--recost TASK[,TASK]] [--root DIR] [--docs DIR]
-[--suite FILE]
+[--suite FILE] [--allow-mixed-commits]
 [--private-tuning [--plan] [--tuning-mean M] [--tuning-shape S] [--score-noise Z]]."""
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from dpbench.leaderboard.private_tuning import (
     header,
     plan_rows,
 )
+from dpbench.leaderboard.provenance import ALLOW_FLAG
 from dpbench.leaderboard.recost import commit, remeasure
 from dpbench.leaderboard.recost import rewrite as rewrite_costs_section
 from dpbench.leaderboard.remaining import remaining
@@ -56,6 +57,10 @@ def parse(argv: list[str] | None) -> argparse.Namespace:
                         help="where the cells live (default: outputs/leaderboard/<profile>)")
     parser.add_argument("--docs", type=Path, default=Path("docs"), help="where leaderboard.md and its figures go")
     parser.add_argument("--report-only", action="store_true", help="regenerate the report from the cells, run none")
+    parser.add_argument(ALLOW_FLAG, action="store_true",
+                        help="report cells whose privacy-relevant code may differ (other commits, a dirty tree, cells "
+                             "recorded before cells kept their commit) together; the report says so. Without it the "
+                             "report refuses them")
     parser.add_argument("--scale-only", action="store_true",
                         help="rewrite only the report's 'Claims at scale' section, from the frontier records under "
                              "DOCS/leaderboard/frontier/ (the cells' tables are kept as they are)")
@@ -174,7 +179,11 @@ def main(argv: list[str] | None = None) -> int:
         stopped = _run_cells(suite, root, args, parameters, tuning, command)
         if stopped is not None:
             return stopped
-    path = build(suite, root, args.docs, " ".join(command))
+    try:
+        path = build(suite, root, args.docs, " ".join(command), args.allow_mixed_commits)
+    except ConfigurationError as error:
+        print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
+        return 2
     print(f"wrote {path}\n{PRIVATE_NOTE if tuning else NOTE}")
     return 0
 

@@ -2,43 +2,42 @@
 
 Fairness: every method searches the same grid over (learning rate, clip norm) on the task's log-scale ranges,
 growing it past an edge until its best point is interior or the profile's limit is reached (grid.py), on a
-validation split carved from the training data, with seed 0, at each budget (or once at tune_epsilon where the
-profile says so). The best point by validation metric is the one every seed of that budget trains with.
+validation split carved from the training data, with the profile's tuning seed (no evaluation seed), at each budget
+(or once at tune_epsilon where the profile says so). The best point by validation metric (ties: the smaller learning
+rate, then the smaller clip norm; grid.TIE_RULE) is the one every evaluation seed of that budget trains with.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 from dpbench.core.errors import ConfigurationError
 from dpbench.leaderboard.cells import Cell, read_outcome, recorded, run_cell
+from dpbench.leaderboard.grid import best_trial
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, RUNNING, Stopped
 from dpbench.leaderboard.private_selection import PrivateSelector
 from dpbench.leaderboard.private_tuning import PrivateTuning
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
-from dpbench.leaderboard.trial_cells import TUNING_SEED, cell_for, start_grid
+from dpbench.leaderboard.trial_cells import cell_for, start_grid, trial_cell
 
 log = logging.getLogger(__name__)
-def better(metric: str) -> Callable[[float, float], bool]:
-    """Accuracy is maximised, a loss minimised."""
-    return (lambda a, b: a < b) if metric == "loss" else (lambda a, b: a > b)
 
 
 def choose(cells: list[Cell], root: Path) -> Cell | None:
-    """The trial with the best validation metric (the first on ties), or None when no trial finished."""
-    best, best_value = None, None
+    """The trial with the best validation metric (ties: grid.TIE_RULE), or None when no trial finished."""
+    by_point, trials, maximize = {}, [], True
     for cell in cells:
         outcome = read_outcome(cell.directory(root))
         value = outcome.value("validation") if outcome else None
-        if value is None:
-            continue
-        if best_value is None or better(outcome.metric)(value, best_value):
-            best, best_value = cell, value
-    return best
+        if value is not None:
+            maximize = outcome.metric != "loss"
+        by_point[(cell.lr, cell.clip_norm)] = cell
+        trials.append((cell.lr, cell.clip_norm, value))
+    best = best_trial(trials, maximize)
+    return None if best is None else by_point[best[:2]]
 
 
 REFUSED, UNFINISHED = "refused", "unfinished"
@@ -104,7 +103,7 @@ class Scheduler:
         cells = []
         for k in range(count):
             lr, clip = points[k % len(points)]
-            cells.append(cell_for(self.suite, task, method, variant, "tune", epsilon, TUNING_SEED, k, lr, clip))
+            cells.append(trial_cell(self.suite, task, method, variant, epsilon, k, lr, clip))
             if self._run(cells[-1]) == "refused" and k == 0:
                 return REFUSED
         if self.dry_run:
@@ -128,7 +127,7 @@ class Scheduler:
             for lr, clip in grid.points():
                 if (lr, clip) in cells:
                     continue
-                cell = cell_for(self.suite, task, method, variant, "tune", epsilon, TUNING_SEED, len(cells), lr, clip)
+                cell = trial_cell(self.suite, task, method, variant, epsilon, len(cells), lr, clip)
                 cells[(lr, clip)] = cell
                 if self._run(cell) == "refused" and cell.trial == 0:
                     return REFUSED

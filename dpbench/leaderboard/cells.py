@@ -1,6 +1,7 @@
 """One leaderboard cell: an ordinary `python -m dpbench` run in its own directory, run at most once.
 
-A cell's directory holds cell.json (what it is: task, method, phase, epsilon, seed, hyperparameters, the command)
+A cell's directory holds cell.json (what it is: task, method, phase, epsilon, seed, hyperparameters, the command, and
+the dpbench commit it ran at with whether the tree was dirty: provenance.py)
 and then exactly one outcome: results.json (dpbench's own), refused.json (dpbench exited 2: the configuration
 cannot run, e.g. a budget the method cannot reach; kept so it is shown and not re-run) or failed.json (a crash;
 re-run on the next invocation). A recorded outcome counts only for the overrides it was run with: a cell
@@ -19,6 +20,7 @@ from typing import Any
 
 from dpbench.core.results import RESULTS_FILE, read_results, write_json_atomic
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, RUNNING, make_launcher
+from dpbench.leaderboard.provenance import at_launch
 
 CELL_FILE = "cell.json"
 REFUSED_FILE = "refused.json"
@@ -99,13 +101,14 @@ def run_cell(cell: Cell, root: Path, env: dict[str, str] | None = None, launcher
         shutil.rmtree(directory)
     directory.mkdir(parents=True)
     args = [*cell.overrides, f"hydra.run.dir={directory}"]
-    command = ["python", "-m", "dpbench", *args]
-    write_json_atomic(directory / CELL_FILE, {**asdict(cell), "command": command, "launcher": launcher})
+    code = at_launch()
+    launched = {**asdict(cell), "command": ["python", "-m", "dpbench", *args], "launcher": launcher,
+                "commit": code.commit, "dirty": code.dirty}
+    write_json_atomic(directory / CELL_FILE, launched)
     started = time.perf_counter()
     returncode = make_launcher(launcher, parameters)(args, directory / LOG_FILE, env)
     wall = time.perf_counter() - started
-    record = {**asdict(cell), "command": command, "launcher": launcher, "returncode": returncode,
-              "process_wall_s": wall}
+    record = {**launched, "returncode": returncode, "process_wall_s": wall}
     write_json_atomic(directory / CELL_FILE, record)
     if returncode == 0 and (directory / RESULTS_FILE).exists():
         return "done"

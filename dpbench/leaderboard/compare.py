@@ -1,20 +1,28 @@
-"""Paired comparisons over seeds, and the three verdicts a comparison can support.
+"""Paired comparisons over seeds, their tests, and how a best method is chosen apart from the seeds that test it.
 
 Two methods run with the same seeds share their data order and initialisation draws, so a comparison pairs them
-seed by seed: the mean difference and its Student-t 95% interval. A claim "holds" only where the interval lies on
-its side, "does not hold" where it lies on the other side, and is "not distinguishable at this budget" otherwise
-(one seed gives no interval, so nothing is distinguishable from it).
+seed by seed: the mean difference, its Student-t 95% interval, and the paired t test of a claim's line (0 for
+"better", minus a margin for "close"). The verdicts themselves are decided over the whole family of claims the
+report makes (family.py), never one comparison at a time.
+
+The best method at a budget, and the vanilla baseline each claim is judged against, are chosen on the selection
+runs (the validation value of each method's chosen tuning trial), not on the evaluation seeds: picking the best of
+several methods on the seeds that then test it would favour whichever one those seeds happened to flatter.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
-from statistics import mean
+from statistics import mean, stdev
+
+from scipy.stats import t as student_t
 
 from dpbench.leaderboard.summary import Entry
 from dpbench.report.stats import interval95
 
 HOLDS, FAILS, UNCLEAR = "holds", "does not hold", "not distinguishable at this budget"
+BASELINES = ("dpsgd", "dpadam")
 
 
 @dataclass(frozen=True)
@@ -25,6 +33,7 @@ class Paired:
     interval: tuple[float, float] | None
     seeds: int
     metric: str | None
+    differences: tuple[float, ...] = ()
 
     def text(self) -> str:
         """'+1.2 points [-0.3, +2.7] over 3 paired seeds' (accuracy), or a loss's own difference (lower is better)."""
@@ -39,6 +48,18 @@ class Paired:
         low, high = sorted(sign * x for x in self.interval)
         return f"{body} [{number(low)}, {number(high)}] over {self.seeds} paired seeds"
 
+    def p_value(self, line: float) -> float | None:
+        """Two-sided paired t test of a mean difference equal to `line`; None under two seeds (no spread). Seeds
+        that all differ by the same amount give 0 off the line and 1 on it: their interval is a point."""
+        if len(self.differences) < 2:
+            return None
+        spread = stdev(self.differences)
+        centre = mean(self.differences) - line
+        if spread == 0.0:
+            return 1.0 if math.isclose(centre, 0.0, abs_tol=1e-12) else 0.0
+        statistic = centre / (spread / math.sqrt(len(self.differences)))
+        return float(2 * student_t.sf(abs(statistic), len(self.differences) - 1))
+
 
 def paired(method: Entry, baseline: Entry) -> Paired | None:
     """The paired difference over the seeds both entries finished, or None when they share none."""
@@ -47,29 +68,23 @@ def paired(method: Entry, baseline: Entry) -> Paired | None:
         return None
     sign = -1.0 if method.metric == "loss" else 1.0
     differences = [sign * (method.by_seed[s] - baseline.by_seed[s]) for s in seeds]
-    return Paired(mean(differences), interval95(differences), len(seeds), method.metric)
+    return Paired(mean(differences), interval95(differences), len(seeds), method.metric, tuple(differences))
 
 
-def better_verdict(comparison: Paired) -> str:
-    """Whether the method is better than the baseline."""
-    if comparison.interval is None:
-        return UNCLEAR
-    low, high = comparison.interval
-    return HOLDS if low > 0 else FAILS if high < 0 else UNCLEAR
+def chosen_on_selection(entries: list[Entry]) -> bool:
+    """Whether every candidate has a selection score, so that the choice among them never reads a test seed."""
+    return bool(entries) and all(e.selection is not None for e in entries)
 
 
-def close_verdict(comparison: Paired, tolerance: float) -> str:
-    """Whether the method is no worse than the baseline by more than `tolerance` (a non-inferiority margin)."""
-    if comparison.interval is None:
-        return UNCLEAR
-    low, high = comparison.interval
-    return HOLDS if low > -tolerance else FAILS if high < -tolerance else UNCLEAR
+def best_of(entries: list[Entry]) -> Entry:
+    """The best candidate: by selection score where every one has it (chosen_on_selection), else by test mean; on a
+    tie the one listed first (the suite's order)."""
+    sign = -1.0 if entries[0].metric == "loss" else 1.0
+    on_selection = chosen_on_selection(entries)
+    return max(entries, key=lambda e: sign * (e.selection if on_selection else e.mean))
 
 
 def best_baseline(entries: list[Entry], epsilon: float | None) -> Entry | None:
-    """The task's best vanilla private method at that budget (DP-SGD or DP-Adam, by mean)."""
-    found = [e for e in entries if e.method in ("dpsgd", "dpadam") and e.epsilon == epsilon and e.mean is not None]
-    if not found:
-        return None
-    sign = -1.0 if found[0].metric == "loss" else 1.0
-    return max(found, key=lambda e: sign * e.mean)
+    """The task's best vanilla private method at that budget (DP-SGD or DP-Adam: best_of)."""
+    found = [e for e in entries if e.method in BASELINES and e.epsilon == epsilon and e.mean is not None]
+    return best_of(found) if found else None

@@ -114,14 +114,30 @@ class TuningGrid:
         return grew
 
 
-def optimum_status(trials: list[tuple[float, float | None, float | None]], lr_range: tuple[float, float],
+Trial = tuple[float, float | None, float | None]
+"""(learning rate, clip norm or None, validation value or None when the trial did not finish)."""
+
+TIE_RULE = "the smaller learning rate, then the smaller clip norm"
+"""How equal validation values are decided (at a validation split's resolution, trials tie): the gentler update,
+so that a tie never picks a step that only happened not to diverge at the one tuning seed."""
+
+
+def best_trial(trials: list[Trial], maximize: bool) -> Trial | None:
+    """The finished trial with the best validation value, ties broken by TIE_RULE; None when none finished."""
+    finished = [t for t in trials if t[2] is not None]
+    if not finished:
+        return None
+    sign = 1.0 if maximize else -1.0
+    return min(finished, key=lambda t: (-sign * t[2], t[0], -math.inf if t[1] is None else t[1]))
+
+
+def optimum_status(trials: list[Trial], lr_range: tuple[float, float],
                    clip_range: tuple[float, float] | None, spec: GridSpec, maximize: bool) -> str:
     """What a finished search found, from its recorded trials (lr, clip, validation value): "interior on the first
     range", "interior after growing the range" or "on the edge: ..." (the search's limit)."""
-    finished = [t for t in trials if t[2] is not None]
-    if not finished:
+    best = best_trial(trials, maximize)
+    if best is None:
         return "no trial finished"
-    best = max(finished, key=lambda t: t[2] if maximize else -t[2])
     first = TuningGrid.start(lr_range, clip_range, spec)
     grown = any(lr not in first.lr.values or (first.clip and clip not in first.clip.values)
                 for lr, clip, _ in trials)

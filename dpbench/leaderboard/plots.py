@@ -1,11 +1,13 @@
 """The leaderboard's figures: metric vs epsilon per method, and metric vs memory / time with a Pareto front.
 
-Every method keeps one colour and marker in every figure (dpbench.report.style, keyed by its label), non-private
+Every method keeps one colour and marker in every figure (dpbench.core.method_style, keyed by its label), non-private
 baselines included (a dashed line, a star), so that two of them in one task stay apart; error bars are the 95%
-interval over seeds; legends sit outside the axes. A Pareto front is drawn only where it separates points by more
-than the measurement spread: one point dominates another only when it is cheaper by more than both points' spread
-of that cost over their seeds (each seed repeats the cell's cost measurement) and no worse on the metric; a front
-that dominates nothing is not drawn.
+interval over seeds; legends sit outside the axes, ten entries a column. Where the task names the level of a model
+that learned nothing (its `chance`), it is drawn, and a run at that level neither stretches the y axis (it sits on the
+axis edge, dpbench.report.style.y_view) nor joins a Pareto front. A Pareto front is drawn only where it separates
+points by more than the measurement spread: one point dominates another only when it is cheaper by more than both
+points' spread of that cost over their seeds (each seed repeats the cell's cost measurement) and no worse on the
+metric; a front that dominates nothing is not drawn.
 """
 
 from __future__ import annotations
@@ -19,10 +21,18 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from dpbench.core.method_style import legend_columns, style_of  # noqa: E402
+from dpbench.leaderboard.claims import learned  # noqa: E402
 from dpbench.leaderboard.summary import Entry  # noqa: E402
-from dpbench.report.style import style_of  # noqa: E402
+from dpbench.report.style import (  # noqa: E402
+    draw_reference,
+    legend_outside,
+    linear_ticks,
+    mark_off_view,
+    readable_axis,
+    y_view,
+)
 
-LEGEND = {"loc": "upper left", "bbox_to_anchor": (1.02, 1.0), "fontsize": 7, "frameon": False}
 TITLE_WIDTH = 60
 """Characters a line of a panel's title holds: longer task titles ran into their neighbours in the headline figure."""
 
@@ -52,10 +62,38 @@ def _draw_published(axes, entries: list[Entry], published: list[Published]) -> N
         axes.plot([], [], color="black", linewidth=3, label=PUBLISHED)
 
 
+def _levels(entry: Entry) -> list[float]:
+    """Where the entry's point and whisker reach on the metric axis."""
+    return [entry.mean, *(entry.interval or ())]
+
+
+NEAR_CHANCE = 0.05
+"""An accuracy within five points of chance is set aside from the y view (an open marker on the axis edge where the
+rest lies far above): over a few seeds its interval usually reaches chance. Verdicts and Pareto fronts keep
+dpbench.leaderboard.claims.learned's one point."""
+
+
+def _near_chance(entry: Entry, chance: float | None) -> bool:
+    return chance is not None and entry.metric == "accuracy" and entry.mean <= chance + NEAR_CHANCE
+
+
+def _view(axes, entries: list[Entry], metric: str | None, chance: float | None, extra: list[float]) -> None:
+    """The y view of the private runs above chance (every run where none is), the ceilings and `extra` levels, with
+    the chance or initial-loss line (dpbench.report.style.y_view's rule)."""
+    shown = [e for e in entries if e.mean is not None]
+    learning = [e for e in shown if e.epsilon is not None and not _near_chance(e, chance)]
+    kept = [e for e in shown if e.epsilon is None] + learning if learning else shown
+    axes.set_ylim(*y_view([level for e in kept for level in _levels(e)] + extra, metric, chance))
+    linear_ticks(axes.yaxis)
+    draw_reference(axes, chance, metric)
+
+
 def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: bool = True,
-                 published: list[Published] | None = None) -> bool:
+                 published: list[Published] | None = None, chance: float | None = None) -> bool:
     """Mean and 95% interval over seeds against epsilon, one line per variant; non-private as a dashed line; the
-    papers' figures that the task reproduces as wide dashes at their level (every filled marker is a method's)."""
+    papers' figures that the task reproduces as wide dashes at their level (every filled marker is a method's); the
+    task's chance accuracy or initial loss as a black dashed line, and a run at that level far below the rest as an
+    open marker on the axis edge."""
     lines: dict[str, list[Entry]] = defaultdict(list)
     metric = None
     for entry in entries:
@@ -78,13 +116,15 @@ def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: b
     budgets = sorted({e.epsilon for e in entries if e.epsilon is not None})
     axes.set_xticks(budgets, [f"{b:g}" for b in budgets])
     axes.minorticks_off()
-    axes.ticklabel_format(axis="y", useOffset=False)
+    _view(axes, entries, metric, chance, [value for _, _, value in published or []])
+    mark_off_view(axes, [(p.epsilon, p.mean, style_of(label).colour, style_of(label).marker)
+                         for label, points in lines.items() for p in points], metric, chance)
     axes.set_xlabel(f"epsilon (delta {delta:g})")
     axes.set_ylabel(_axis_label(metric))
     axes.set_title(textwrap.fill(title, TITLE_WIDTH, break_on_hyphens=False), fontsize=9)
     axes.grid(alpha=0.3)
     if legend:
-        axes.legend(**LEGEND)
+        legend_outside(axes)
     return True
 
 
@@ -110,9 +150,15 @@ def pareto(points: list[tuple[float, float, str, float]], maximize: bool) -> lis
     return sorted((p for p in points if not any(dominates(q, p) for q in points if q is not p)), key=lambda p: p[0])
 
 
-def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str) -> bool:
+def _cost_levels(entry: Entry, cost: str) -> list[float]:
+    values = getattr(entry, cost)
+    return [entry.cost(cost), *values] if values else [entry.cost(cost)]
+
+
+def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str, chance: float | None = None) -> bool:
     """Each method as its own marker with its interval; non-private as a star in its colour; the front only where it
-    separates points by more than their spread."""
+    separates points by more than their spread, among the runs that learned (a run at chance is cheap because it
+    learned nothing, and is on no front)."""
     measured = [e for e in entries if e.mean is not None and e.cost(cost) is not None]
     if not measured:
         return False
@@ -126,12 +172,16 @@ def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str) -> bool:
         axes.errorbar([entry.cost(cost)], [entry.mean], yerr=_error([entry]), xerr=_cost_range(entry, cost),
                       marker=style.marker, color=style.colour, linestyle="none", capsize=3, label=entry.label,
                       zorder=3)
-    points = [(e.cost(cost), e.mean, e.label, spread(e, cost)) for e in measured if e.epsilon is not None]
+    points = [(e.cost(cost), e.mean, e.label, spread(e, cost)) for e in measured
+              if e.epsilon is not None and learned(e, chance)]
     front = pareto(points, maximize=metric != "loss")
     if len(front) < len(points):
         axes.step([p[0] for p in front], [p[1] for p in front], where="post", color="red", linewidth=1, alpha=0.6,
                   label="Pareto front (beyond the spread)")
-    axes.ticklabel_format(axis="y", useOffset=False)
+    readable_axis(axes, "x", [level for e in measured for level in _cost_levels(e, cost)])
+    _view(axes, measured, metric, chance, [])
+    mark_off_view(axes, [(e.cost(cost), e.mean, style_of(e.label).colour, style_of(e.label).marker)
+                         for e in measured if e.epsilon is not None], metric, chance)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(_axis_label(metric))
     axes.grid(alpha=0.3)
@@ -139,46 +189,60 @@ def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str) -> bool:
 
 
 def epsilon_plot(entries: list[Entry], title: str, delta: float, path: Path,
-                 published: list[Published] | None = None) -> Path | None:
+                 published: list[Published] | None = None, chance: float | None = None) -> Path | None:
+    """One task's metric-vs-epsilon figure, widened by each legend column past the first so the panel keeps its
+    width."""
     figure, axes = plt.subplots(figsize=(7.5, 4))
-    drawn = draw_epsilon(axes, entries, title, delta, published=published)
+    drawn = draw_epsilon(axes, entries, title, delta, published=published, chance=chance)
+    figure.set_figwidth(7.5 + 2.5 * (legend_columns(len(axes.get_legend_handles_labels()[1])) - 1))
     return _save(figure, path) if drawn else _discard(figure)
 
 
-def cost_plot(entries: list[Entry], epsilon: float, title: str, path: Path) -> Path | None:
+def _handles(*axes) -> tuple[list, list[str]]:
+    """Every legend entry of the panels, each label once."""
+    legend: dict[str, object] = {}
+    for panel in axes:
+        for handle, label in zip(*panel.get_legend_handles_labels(), strict=True):
+            legend.setdefault(label, handle)
+    return list(legend.values()), list(legend)
+
+
+def cost_plot(entries: list[Entry], epsilon: float, title: str, path: Path,
+              chance: float | None = None) -> Path | None:
     """At one budget: metric vs peak memory and vs time per step, one legend for both panels, outside them."""
     chosen = [e for e in entries if e.epsilon in (epsilon, None)]
     figure, (left, right) = plt.subplots(1, 2, figsize=(12, 4))
-    drawn = _draw_cost(left, chosen, "peak_mb", "peak memory (MB)")
-    drawn = _draw_cost(right, chosen, "step_s", "time per training step (s)") and drawn
+    drawn = _draw_cost(left, chosen, "peak_mb", "peak memory (MB)", chance)
+    drawn = _draw_cost(right, chosen, "step_s", "time per training step (s)", chance) and drawn
     if not drawn:
         return _discard(figure)
-    handles, labels = right.get_legend_handles_labels()
-    right.legend(handles, labels, **LEGEND)
+    legend_outside(right, *_handles(left, right))
     figure.suptitle(textwrap.fill(f"{title}, epsilon {epsilon:g}: mean and 95% interval over seeds; cost: median "
                                   "over seeds, x whisker its range", 2 * TITLE_WIDTH, break_on_hyphens=False),
                     fontsize=9)
     return _save(figure, path)
 
 
-def headline_plot(panels: list[tuple[str, list[Entry], float, list[Published]]], path: Path) -> Path | None:
-    """Every task's metric-vs-epsilon panel (title, entries, delta, published figures) in one figure, one legend for
-    all of them."""
+Panel = tuple[str, list[Entry], float, list[Published], float | None]
+"""A task's panel of the headline figure: title, entries, delta, published figures, chance level (or None)."""
+
+
+def headline_plot(panels: list[Panel], path: Path) -> Path | None:
+    """Every task's metric-vs-epsilon panel in one figure, one legend for all of them (each method once, ten a
+    column)."""
     panels = [panel for panel in panels if any(e.mean is not None for e in panel[1])]
     if not panels:
         return None
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
     figure, grid = plt.subplots(rows, columns, figsize=(5.5 * columns + 2.5, 4 * rows), squeeze=False)
-    legend: dict[str, object] = {}
-    for axes, (title, entries, delta, published) in zip(grid.flat, panels, strict=False):
-        draw_epsilon(axes, entries, title, delta, legend=False, published=published)
-        for handle, label in zip(*axes.get_legend_handles_labels(), strict=True):
-            legend.setdefault(label, handle)
+    for axes, (title, entries, delta, published, chance) in zip(grid.flat, panels, strict=False):
+        draw_epsilon(axes, entries, title, delta, legend=False, published=published, chance=chance)
     for axes in list(grid.flat)[len(panels):]:
         axes.set_visible(False)
-    figure.legend(list(legend.values()), list(legend), loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8,
-                  frameon=False)
+    handles, labels = _handles(*grid.flat[:len(panels)])
+    figure.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8, frameon=False,
+                  ncol=legend_columns(len(labels)))
     return _save(figure, path)
 
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from dpbench.app.hydra_setup import compose
 from dpbench.core.errors import ConfigurationError
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
-from dpbench.leaderboard.trial_cells import TUNING_SEED, cell_for, start_grid
+from dpbench.leaderboard.trial_cells import cell_for, start_grid, trial_cell
 from dpbench.privacy.mechanisms import Composition
 from dpbench.privacy.tuning import TrialCount, TuningEpsilon, check_accountable, tuning_epsilon
 from dpbench.privacy.tuning_draws import score_sensitivity
@@ -129,8 +129,7 @@ def _trial(suite: Suite, task: Task, method: Method, variant: Variant, epsilon: 
            clip: float | None) -> RunPrivacy | str:
     """One tuning trial's privacy at `epsilon`, or why it cannot be accounted."""
     try:
-        trial = run_privacy(cell_for(suite, task, method, variant, "tune", epsilon, TUNING_SEED, 0, lr,
-                                     clip).overrides)
+        trial = run_privacy(trial_cell(suite, task, method, variant, epsilon, 0, lr, clip).overrides)
     except ConfigurationError as error:
         return f"its tuning trial is refused: {error}"
     try:

@@ -16,7 +16,6 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -28,6 +27,7 @@ from dpbench.core.results import write_json_atomic
 from dpbench.leaderboard.cells import read_outcome, run_cell
 from dpbench.leaderboard.claims import fmt_number, fmt_ratio
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER
+from dpbench.leaderboard.provenance import current
 from dpbench.leaderboard.scale import SECTION_TITLE as SCALE_TITLE
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
 from dpbench.leaderboard.summary import seconds_per_step
@@ -40,18 +40,10 @@ REASON_CHARS = 120
 
 
 def commit() -> str:
-    """The checkout's commit, marked dirty when tracked files outside docs/ differ from it ('unknown' outside git):
-    the records this writes under docs/ are not an edit of the code they measured."""
-    def git(*args: str) -> str:
-        return subprocess.run(["git", *args], capture_output=True, text=True, check=True,
-                              cwd=Path(__file__).parent).stdout.strip()
-
-    try:
-        head = git("rev-parse", "--short", "HEAD")
-        edited = git("status", "--porcelain", "--untracked-files=no", "--", ":/", ":(exclude,top)docs")
-        return head + ("-dirty" if edited else "")
-    except (OSError, subprocess.CalledProcessError):
-        return "unknown"
+    """The checkout's short commit, '-dirty' when files outside docs/ differ from it ('unknown' outside git): the
+    records this writes under docs/ are not an edit of the code they measured."""
+    code = current()
+    return "unknown" if code.commit is None else code.commit[:7] + ("-dirty" if code.dirty else "")
 
 
 def device_name() -> str:

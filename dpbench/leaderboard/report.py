@@ -16,20 +16,22 @@ import torch
 from dpbench.core.wording import counted
 from dpbench.leaderboard.cells import Outcome, read_outcomes
 from dpbench.leaderboard.claims import check_claims, fmt_entry, fmt_number, fmt_ratio, fmt_value, learned, winners
-from dpbench.leaderboard.compare import UNCLEAR, best_baseline, better_verdict, paired
-from dpbench.leaderboard.grid import optimum_status
+from dpbench.leaderboard.compare import best_baseline, best_of, chosen_on_selection
+from dpbench.leaderboard.family import ALPHA, Family, Judge, better_test, judge_all
+from dpbench.leaderboard.grid import TIE_RULE, best_trial, optimum_status
 from dpbench.leaderboard.plots import cost_plot, epsilon_plot, headline_plot
 from dpbench.leaderboard.private_selection import Selection, read_selection
+from dpbench.leaderboard.provenance import CommitCheck, require_one_code
 from dpbench.leaderboard.recost import costs_section
 from dpbench.leaderboard.scale import scale_section
-from dpbench.leaderboard.suite import Suite, Task
-from dpbench.leaderboard.summary import Entry, Tuning, seconds_per_step, summarize
+from dpbench.leaderboard.suite import MIN_EVALUATION_SEEDS, Suite, Task
+from dpbench.leaderboard.summary import DIVERGENCE_RULE, Entry, Tuning, attach_selection, seconds_per_step, summarize
 
 RUNS_FILE = "suite_runs.json"
 CSV_COLUMNS = ("task", "method", "variant", "label", "phase", "status", "reason", "target_epsilon", "epsilon_spent",
                "delta", "seed", "trial", "lr", "clip_norm", "metric", "test_value", "validation_value",
                "samples_per_s", "peak_memory_mb", "train_time_s", "steps", "s_per_step", "noise_multiplier",
-               "process_wall_s", "cell")
+               "process_wall_s", "commit", "dirty", "cell")
 
 
 def record_invocation(root: Path, command: list[str], started: datetime, wall_s: float, stopped: bool = False) -> None:
@@ -74,7 +76,7 @@ def csv_rows(outcomes: list[Outcome], root: Path) -> list[dict]:
             "peak_memory_mb": results.get("peak_memory_mb"), "train_time_s": results.get("train_time_s"),
             "steps": results.get("steps"), "s_per_step": seconds_per_step(results) if results else None,
             "noise_multiplier": results.get("noise_multiplier"), "process_wall_s": cell.get("process_wall_s"),
-            "cell": str(outcome.path.relative_to(root)),
+            "commit": cell.get("commit"), "dirty": cell.get("dirty"), "cell": str(outcome.path.relative_to(root)),
         })
     return rows
 
@@ -125,8 +127,8 @@ def _tuning_text(selection: Selection | None) -> str:
 
 
 def _cell_text(task: Task, entry: Entry | None, notes: list[str], selections: Selections, suite: Suite) -> str:
-    """The table's text for one entry: mean [95% interval] and its tuned point; a refusal's reason goes to the
-    numbered notes under the table."""
+    """The table's text for one entry: mean [95% interval], its tuned point and its diverged seeds; a refusal's
+    reason goes to the numbered notes under the table."""
     if entry is None:
         return "-"
     if entry.refused:
@@ -138,13 +140,21 @@ def _cell_text(task: Task, entry: Entry | None, notes: list[str], selections: Se
         text = fmt_entry(entry)
         point = f"lr {entry.lr:.3g}" + ("" if entry.clip_norm is None else f", clip {entry.clip_norm:.3g}")
         selection = selections.get((task.name, entry.variant, suite.tuning_budget(entry.epsilon)))
-        text += f" ({point}{_tuning_text(selection)}{_anchor_text(task, entry)})"
+        text += f" ({point}{_tuning_text(selection)}{_anchor_text(task, entry)})" + _diverged_text(task, entry)
         if entry.failed or entry.pending:
             text += f" ({counted(len(entry.values), 'seed')}; {len(entry.failed)} failed, {entry.pending} pending)"
         return text
     if entry.failed:
         return f"failed: {entry.failed[0]}"
+    if entry.non_finite:
+        return f"diverged: {len(entry.non_finite)}/{entry.finished} seeds ended without a finite value"
     return "pending"
+
+
+def _diverged_text(task: Task, entry: Entry) -> str:
+    """' (2/5 diverged)' where any finished seed diverged (summary.DIVERGENCE_RULE), else ''."""
+    diverged = entry.diverged(task.chance)
+    return f" ({len(diverged)}/{entry.finished} diverged)" if diverged else ""
 
 
 def _variants(task: Task, entries: list[Entry]) -> dict[str, list[Entry]]:
@@ -231,7 +241,7 @@ def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite:
                                 task.lr[task.optimizer_of(method)], task.clip if method.private else None,
                                 suite.tuning, maximize=metric != "loss")
         statuses.append(status)
-        lr, clip, value = (max if metric != "loss" else min)(finished, key=lambda t: t[2])
+        lr, clip, value = best_trial(finished, maximize=metric != "loss")
         point = f"lr {lr:.3g}" + ("" if clip is None else f" clip {clip:.3g}")
         lines.append(f"- {record.label}{where}: {len(record.trials)} trials ({len(finished)} finished), best "
                      f"{point} -> {fmt_value(value, metric)}, {status}")
@@ -241,14 +251,15 @@ def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite:
     grown = sum(s == "interior after growing the range" for s in statuses)
     edge = sum(s.startswith("on the edge") for s in statuses)
     counts = ", ".join(f"{label} {n}" for label, n in trials_per_method.items())
-    return [f"Tuning (validation {metric or 'metric'}, seed 0): {len(statuses)} searches, {first} with the optimum "
-            f"interior on the first range, {grown} interior after growing it, {edge} on the edge at the search's "
-            f"limit. Trials per method, all budgets: {counts}.", "", *lines, ""]
+    return [f"Tuning (validation {metric or 'metric'}, seed {suite.tuning_seed}): {len(statuses)} searches, {first} "
+            f"with the optimum interior on the first range, {grown} interior after growing it, {edge} on the edge at "
+            f"the search's limit; ties between trials go to {TIE_RULE}. Trials per method, all budgets: {counts}.",
+            "", *lines, ""]
 
 
-def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]]) -> list[str]:
-    """The table a reader scans first: per task and budget the best method, its paired margin over the best
-    vanilla baseline, and its cost ratios against that baseline."""
+def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]], judge: Judge) -> list[str]:
+    """The table a reader scans first: per task and budget the best method (chosen on its selection runs), its paired
+    margin over the best vanilla baseline, and its cost ratios against that baseline."""
     rows = []
     for task, entries in tasks:
         for epsilon in suite.budgets:
@@ -256,28 +267,30 @@ def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]]) -> list[str]:
             base = best_baseline(entries, epsilon)
             if not measured or base is None:
                 continue
-            sign = -1.0 if measured[0].metric == "loss" else 1.0
-            best = max(measured, key=lambda e: sign * e.mean)
+            best = best_of(measured)
             if not learned(best, task.chance):
                 rows.append(f"| {task.title} | {epsilon:g} | none beats a constant prediction | - | - | - | - |")
                 continue
             if best is base:
                 margin, verdict = "(the baseline itself)", "-"
             else:
-                comparison = paired(best, base)
-                margin = comparison.text() if comparison else "no common seed"
-                verdict = better_verdict(comparison) if comparison else UNCLEAR
+                test = better_test(best, base)
+                margin = test.comparison.text() + judge.evidence(test) if test else "no common seed"
+                verdict = judge.verdict(test)
+            basis = "" if chosen_on_selection(measured) else " (chosen on the evaluation seeds)"
             ratios = [fmt_ratio(best.cost(c), base.cost(c)) for c in ("peak_mb", "step_s")]
-            rows.append(f"| {task.title} | {epsilon:g} | {best.label} {fmt_entry(best)} | {base.label} | {margin} | "
-                        f"{verdict} | {ratios[0]} memory, {ratios[1]} time |")
+            rows.append(f"| {task.title} | {epsilon:g} | {best.label} {fmt_entry(best)}{basis} | {base.label} | "
+                        f"{margin} | {verdict} | {ratios[0]} memory, {ratios[1]} time |")
     if not rows:
         return []
     return ["## At a glance", "",
-            "Per task and budget: the best private method (mean [95% interval] over seeds), its margin over the best "
-            "vanilla baseline (DP-SGD or DP-Adam, whichever has the better mean) paired seed by seed with its 95% "
-            "interval, whether it is better (holds / does not hold / not distinguishable at this budget), and its "
-            "peak memory and time per step as multiples of the baseline's. Scale: each task's title; device: the "
-            "machine below.", "",
+            "Per task and budget: the best private method (mean [95% interval] over the evaluation seeds), chosen on "
+            "its selection runs (the validation value of its chosen tuning trial, never the evaluation seeds; a "
+            "row that had none says so), its margin over the best vanilla baseline (DP-SGD or DP-Adam, chosen the "
+            "same way) paired seed by seed with its 95% interval, p-value and Holm-adjusted p-value, whether it is "
+            "better (holds / does not hold / not distinguishable at this budget, after the correction for the "
+            "report's whole family of claims: see the claims section), and its peak memory and time per step as "
+            "multiples of the baseline's. Scale: each task's title; device: the machine below.", "",
             "| task | epsilon | best method | baseline | margin over the baseline | better? | cost vs baseline |",
             "|---|---|---|---|---|---|---|", *rows, ""]
 
@@ -321,21 +334,34 @@ class _Found:
     tuning: dict[str, list]
     selections: dict
     runs: list[dict]
+    commits: CommitCheck
 
 
-def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
-    """Write docs/leaderboard.md, docs/leaderboard/cells.csv and the figures; return the markdown's path."""
+@dataclass
+class _Verdicts:
+    """Every part of the report that states a verdict: written twice by judge_all, so that they form one family."""
+
+    glance: list[str]
+    winners: dict[str, list[str]]
+    claims: list[str]
+
+
+def build(suite: Suite, root: Path, docs: Path, command: str, allow_mixed_commits: bool = False) -> Path:
+    """Write docs/leaderboard.md, docs/leaderboard/cells.csv and the figures; return the markdown's path. Refuses
+    (ConfigurationError) cells whose privacy-relevant code may differ unless `allow_mixed_commits`."""
     root, docs = Path(root), Path(docs)
-    found = _read(suite, root)
+    found = _read(suite, root, allow_mixed_commits)
     figures = docs / "leaderboard"
     _reset_figures(figures)
     _write_cells_csv(found.outcomes, root, figures / "cells.csv")
+    judged = _judged_tasks(suite, found)
+    verdicts, family = judge_all(lambda judge: _verdicts(suite, judged, judge))
     lines = _preamble(suite, root, found, command) + _tasks_not_run(suite, found)
-    task_lines, panels, glance, claim_inputs = _task_sections(suite, found, figures)
+    task_lines, panels = _task_sections(suite, found, figures, verdicts.winners)
     headline = headline_plot(panels, figures / "headline.png")
-    lines += _glance(suite, glance) + (["![metric vs epsilon, every task](leaderboard/headline.png)", ""]
-                                       if headline else [])
-    lines += task_lines + _claims_section(suite, claim_inputs)
+    lines += verdicts.glance + (["![metric vs epsilon, every task](leaderboard/headline.png)", ""]
+                                if headline else [])
+    lines += task_lines + _claims_section(suite, verdicts.claims, family)
     lines += costs_section(figures / "costs")
     lines += scale_section(figures / "frontier")
     path = docs / "leaderboard.md"
@@ -343,13 +369,36 @@ def build(suite: Suite, root: Path, docs: Path, command: str) -> Path:
     return path
 
 
-def _read(suite: Suite, root: Path) -> _Found:
+def _judged_tasks(suite: Suite, found: _Found) -> list[tuple[Task, list[Entry]]]:
+    """The tasks whose metric is ranked (not cost-only) and that have entries, each with its entries in order."""
+    judged = []
+    for task in suite.tasks:
+        entries = _order(task, found.entries.get(task.name, []))
+        if entries and not task.cost_only:
+            judged.append((task, entries))
+    return judged
+
+
+def _verdicts(suite: Suite, judged: list[tuple[Task, list[Entry]]], judge: Judge) -> _Verdicts:
+    """The glance table, each task's winners and the papers' claims, with the verdicts `judge` gives."""
+    winners_by_task = {task.name: winners(entries, suite.budgets, task.chance, judge) for task, entries in judged}
+    claims = check_claims([(task.title, entries, task.chance) for task, entries in judged], suite.budgets,
+                          suite.tune_epsilon, judge)
+    return _Verdicts(_glance(suite, judged, judge), winners_by_task, claims)
+
+
+def _read(suite: Suite, root: Path, allow_mixed_commits: bool) -> _Found:
     found = read_outcomes(root)
     outcomes = [o for o in found if _planned(suite, o.cell)]
+    commits = require_one_code([o.cell for o in outcomes if o.status in ("done", "refused")], root,
+                               allow_mixed_commits)
     entries, tuning = summarize(outcomes)
+    selections = read_selections(root, suite)
+    attach_selection(entries, tuning, suite.tuning_budget,
+                     skip=lambda e: (e.task, e.variant, suite.tuning_budget(e.epsilon)) in selections)
     runs_path = root / RUNS_FILE
     runs = json.loads(runs_path.read_text()) if runs_path.exists() else []
-    return _Found(outcomes, len(found) - len(outcomes), entries, tuning, read_selections(root, suite), runs)
+    return _Found(outcomes, len(found) - len(outcomes), entries, tuning, selections, runs, commits)
 
 
 def _reset_figures(figures: Path) -> None:
@@ -389,18 +438,21 @@ def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str
         f"- Wall time: {cell_wall:.0f} s summed over the cells' processes"
         + (f"; suite invocations: {_invocations(runs)}" if runs else "")
         + ".",
-        f"- Budgets: epsilon {', '.join(f'{b:g}' for b in suite.budgets)} at {_deltas(suite)} (below 1/N^1.1 for "
-        "every training set here).",
+        f"- Budgets: epsilon {', '.join(f'{b:g}' for b in suite.budgets)} at {_deltas(suite)} (each below 1/N, N "
+        "the task's training-set size: a run refuses a delta at or above it).",
         f"- Fairness: every method searches the same grid over learning rate and clip norm "
         f"({suite.tuning.lr_points} x {suite.tuning.clip_points} log-spaced points of the task's ranges; a non-private "
         f"method {suite.trials} learning rates over the same range), grown past an edge while the best trial lies on "
-        f"it, up to {suite.tuning.max_growth:g}x beyond each end of a range (the search's limit, reported), with seed "
-        "0 on a validation split carved from the training data, "
+        f"it, up to {suite.tuning.max_growth:g}x beyond each end of a range (the search's limit, reported), with the "
+        f"selection seed {suite.tuning_seed} on a validation split carved from the training data, "
         + ("at each budget; " if suite.tuning.each_budget else f"at epsilon {suite.tune_epsilon:g}, the choice reused "
            "at every budget; ")
-        + f"seed(s) {', '.join(map(str, suite.seeds))} then train on the whole training set at the chosen point and "
-        "are evaluated on the test split: mean [95% Student-t interval] over seeds. Comparisons pair methods seed by "
-        "seed. Each rung of a ladder (JL's r) is tuned on its own.",
+        + f"the best trial by validation value is chosen, ties broken by {TIE_RULE}. Evaluation seeds "
+        f"{', '.join(map(str, suite.seeds))} (none of them a selection seed) then train on the whole training set at "
+        "the chosen point and are evaluated on the test split: mean [95% Student-t interval] over seeds. Each rung "
+        "of a ladder (JL's r) is tuned on its own.",
+        *_protocol(suite),
+        found.commits.report_line(),
         ("- **Private tuning**: each private method's tuning is Papernot & Steinke's private selection (a secret "
          "random number of trials over its grid, noisy validation scores, only the winner released), accounted with "
          "dp-accounting's RepeatAndSelectDpEvent and composed with the final run: each cell shows its epsilon per run "
@@ -417,6 +469,26 @@ def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str
         "run beside a heavier cell is slower); raw per-cell figures: "
         f"[leaderboard/cells.csv](leaderboard/cells.csv). {_memory_note(outcomes)}",
         "",
+    ]
+
+
+def _protocol(suite: Suite) -> list[str]:
+    """Selection apart from evaluation, divergence and the correction for multiple claims, as the report applies
+    them."""
+    seeds = ("" if len(suite.seeds) >= MIN_EVALUATION_SEEDS else
+             f" **This smoke profile runs {counted(len(suite.seeds), 'evaluation seed')}, fewer than the protocol's "
+             f"{MIN_EVALUATION_SEEDS}: its intervals and verdicts show the machinery only.**")
+    return [
+        "- Selection apart from evaluation: hyperparameters, the best method of a budget and the vanilla baseline "
+        "are chosen on the selection runs (each method's validation value at its chosen trial); the evaluation "
+        "seeds only measure them. A choice with no selection run behind it (a published recipe, a private tuning "
+        "whose scores are not released) is made on the evaluation seeds and says so." + seeds,
+        f"- Divergence: {DIVERGENCE_RULE}. Each cell counts its diverged seeds (\"2/5 diverged\"); a diverged seed "
+        "with a finite value stays in the mean and in the paired comparisons (it is what the method gave at that "
+        "seed), one without a finite value has none and is left out of both.",
+        f"- Verdicts: paired seed by seed, each claim's two-sided paired t test Holm-corrected over the report's whole "
+        f"family of claims at family-wise alpha {ALPHA:g} (the family's size is given with the papers' claims); "
+        "\"holds\" only after the correction.",
     ]
 
 
@@ -448,10 +520,11 @@ def _tasks_not_run(suite: Suite, found: _Found) -> list[str]:
     return lines
 
 
-def _task_sections(suite: Suite, found: _Found, figures: Path) -> tuple[list[str], list, list, list]:
-    """Each task's table, tuning, winners and figures; and what the headline plot, the glance and the claims take."""
+def _task_sections(suite: Suite, found: _Found, figures: Path,
+                   winners_by_task: dict[str, list[str]]) -> tuple[list[str], list]:
+    """Each task's table, tuning, winners and figures; and what the headline plot takes."""
     entries, tuning, selections = found.entries, found.tuning, found.selections
-    panels, claim_inputs, glance, cost_only = [], [], [], []
+    panels, cost_only = [], []
     lines = ["## Results per task", ""]
     for task in suite.tasks:
         task_entries = _order(task, entries.get(task.name, []))
@@ -472,19 +545,19 @@ def _task_sections(suite: Suite, found: _Found, figures: Path) -> tuple[list[str
         lines += _task_table(task, task_entries, suite, selections)
         lines += _anchor_lines(task, task_entries)
         lines += _tuning_lines(task, tuning.get(task.name, []), task_entries, suite, selections)
-        best = winners(task_entries, suite.budgets, task.chance)
+        best = winners_by_task.get(task.name, [])
         if best:
-            lines += ["Winner per budget (paired over seeds against the best vanilla method):", "",
+            lines += ["Winner per budget (chosen on the selection runs, paired over the evaluation seeds against the "
+                      "best vanilla method, Holm-corrected over the report's claims):", "",
                       *(f"- {line}" for line in best), ""]
         published = [(a.method, a.epsilon, a.value) for a in task.anchors if a.epsilon is not None]
         for figure in (epsilon_plot(task_entries, task.title, task.delta, figures / f"{task.name}_epsilon.png",
-                                    published),
-                       cost_plot(task_entries, suite.tune_epsilon, task.title, figures / f"{task.name}_cost.png")):
+                                    published, task.chance),
+                       cost_plot(task_entries, suite.tune_epsilon, task.title, figures / f"{task.name}_cost.png",
+                                 task.chance)):
             if figure:
                 lines += [f"![{figure.stem}](leaderboard/{figure.name})", ""]
-        panels.append((task.title, task_entries, task.delta, published))
-        glance.append((task, task_entries))
-        claim_inputs.append((task.title, task_entries, task.chance))
+        panels.append((task.title, task_entries, task.delta, published, task.chance))
     if cost_only:
         lines += ["## Cost only: tasks where nothing learns at these budgets", "",
                   "Their speed and memory are measured like every other task's; their metric is not ranked.", ""]
@@ -493,18 +566,17 @@ def _task_sections(suite: Suite, found: _Found, figures: Path) -> tuple[list[str
             if task.note:
                 lines += [task.note, ""]
             lines += _cost_table(task, task_entries, suite)
-    return lines, panels, glance, claim_inputs
+    return lines, panels
 
 
-def _claims_section(suite: Suite, claim_inputs: list) -> list[str]:
-    claims = check_claims(claim_inputs, suite.budgets, suite.tune_epsilon)
+def _claims_section(suite: Suite, claims: list[str], family: Family) -> list[str]:
     lines = ["## The papers' headline claims against this table", "",
-              "Each verdict pairs the method with the task's best vanilla private method (DP-SGD or DP-Adam) seed by "
-              "seed: holds, does not hold, or not distinguishable at this budget (the 95% interval of the "
-              "difference crosses the claim's line).", ""]
-    if suite.profile == "quick":
-        lines += ["The quick profile trains a few steps with one seed: these verdicts exercise the checks, they "
-                  "say nothing about the papers.", ""]
+             "Each verdict pairs the method with the task's best vanilla private method (DP-SGD or DP-Adam) seed by "
+             "seed: holds, does not hold, or not distinguishable at this budget (the claim's test is not rejected "
+             "after the correction below).", "", f"Multiple comparisons. {family.describe()}", ""]
+    if suite.smoke:
+        lines += [f"The `{suite.profile}` profile is a smoke profile ({counted(len(suite.seeds), 'evaluation seed')}): "
+                  "these verdicts exercise the checks, they say nothing about the papers.", ""]
     lines += [f"- {sentence}" for sentence in claims] or ["- No claim can be checked from these cells."]
     lines.append("")
     return lines

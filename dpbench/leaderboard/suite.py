@@ -99,10 +99,15 @@ class Suite:
     """The budget whose costs the report shows, and where a profile that does not tune at every budget tunes."""
     tuning: GridSpec
     seeds: tuple[int, ...]
+    """The evaluation seeds: every chosen point trains once per seed and is tested; none of them tunes."""
     tasks: tuple[Task, ...]
     path: Path
     omitted: tuple[str, ...] = ()
     """Tasks of the suite file that this profile leaves out."""
+    tuning_seed: int = 0
+    """The seed of every selection run (a tuning trial), apart from the evaluation seeds."""
+    smoke: bool = False
+    """A smoke profile shows the machinery: it may run fewer than MIN_EVALUATION_SEEDS, and the report says so."""
 
     @property
     def trials(self) -> int:
@@ -244,12 +249,32 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
     budgets = tuple(float(b) for b in chosen["budgets"])
     if tune_epsilon not in budgets:
         raise ConfigurationError(f"{path}: profile {profile!r} tune_epsilon {tune_epsilon} is not one of {budgets}")
-    if not chosen["seeds"]:
-        raise ConfigurationError(f"{path}: profile {profile!r} needs at least one seed")
+    seeds = tuple(int(s) for s in chosen["seeds"])
+    tuning_seed, smoke = int(chosen.get("tuning_seed", 0)), bool(chosen.get("smoke", False))
+    _check_seeds(seeds, tuning_seed, smoke, f"{path}: profile {profile!r}")
     return Suite(
         profile=profile, delta=float(raw["delta"]), common=tuple(raw.get("common", [])), budgets=budgets,
         tune_epsilon=tune_epsilon, tuning=_grid(chosen.get("tuning") or {}, f"{path}: profiles.{profile}"),
-        seeds=tuple(int(s) for s in chosen["seeds"]),
-        tasks=tuple(tasks), path=path,
+        seeds=seeds, tasks=tuple(tasks), path=path,
         omitted=tuple(name for name in raw.get("tasks", {}) if name not in chosen["tasks"]),
+        tuning_seed=tuning_seed, smoke=smoke,
     )
+
+
+MIN_EVALUATION_SEEDS = 5
+"""Fresh evaluation seeds a profile needs unless it is a smoke profile: with fewer, a paired t test has too few
+degrees of freedom to separate methods a few points apart."""
+
+
+def _check_seeds(seeds: tuple[int, ...], tuning_seed: int, smoke: bool, where: str) -> None:
+    """Selection apart from evaluation: the tuning seed is none of the evaluation seeds, which are distinct and, in
+    a profile that is not a smoke profile, at least MIN_EVALUATION_SEEDS."""
+    if not seeds or len(set(seeds)) != len(seeds):
+        raise ConfigurationError(f"{where}: seeds {list(seeds)} must be distinct, and at least one")
+    if tuning_seed in seeds:
+        raise ConfigurationError(f"{where}: tuning_seed {tuning_seed} is also an evaluation seed ({list(seeds)}): "
+                                 "evaluate on seeds the selection runs did not use")
+    if not smoke and len(seeds) < MIN_EVALUATION_SEEDS:
+        raise ConfigurationError(f"{where}: {len(seeds)} evaluation seed(s), the protocol needs at least "
+                                 f"{MIN_EVALUATION_SEEDS}: add seeds, or mark the profile `smoke: true` (its report "
+                                 "then says its verdicts show the machinery only)")

@@ -1,9 +1,11 @@
-"""Cell outcomes -> per (task, variant, epsilon) entries: mean and 95% interval over seeds, costs, refusals."""
+"""Cell outcomes -> per (task, variant, epsilon) entries: mean and 95% interval over seeds, costs, refusals, the
+seeds that diverged, and the selection score each entry was chosen by."""
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from statistics import mean, median, stdev
 
@@ -25,6 +27,13 @@ def seconds_per_step(results: dict) -> float | None:
     agree. Wall time over steps did not: on the MiniLM head (40 steps of 2 ms) the trainer's fixed costs made the
     non-private step look 1.8 times slower than DP-SGD's while its samples/s was 1.5 times higher."""
     return _finite(results.get("step_time_s"))
+
+
+ABOVE_CHANCE = 0.01
+"""How far above a constant prediction's accuracy a run must end to have learned something (one point)."""
+
+DIVERGENCE_RULE = (f"a seed diverged when its run ended with a non-finite test loss or metric, or (where the task "
+                   f"names its chance level) with a test accuracy within {100 * ABOVE_CHANCE:g} point of chance")
 
 
 @dataclass
@@ -54,6 +63,11 @@ class Entry:
     privatizer: str | None = None
     """The privatizer its cells chose: a paper's own setting runs a method under another name (D2P2 at the paper's
     projection), and its claim is still D2P2's."""
+    non_finite: set[int] = field(default_factory=set)
+    """Seeds whose run finished with a NaN or infinite test loss or metric (diverged, whatever their accuracy)."""
+    selection: float | None = None
+    """The validation value of the tuning trial this entry's point was chosen by: the best method is picked on it,
+    apart from the evaluation seeds (None where no search chose the point: a fixed recipe, a private tuning)."""
 
     @property
     def family(self) -> str:
@@ -77,6 +91,18 @@ class Entry:
         """Student-t 95% interval of the mean over seeds (None under two seeds), within an accuracy's 0-1: over few
         seeds with one diverged, the t interval reaches past both ends."""
         return interval95(self.values, (0.0, 1.0) if self.metric == "accuracy" else (None, None))
+
+    def diverged(self, chance: float | None) -> list[int]:
+        """The seeds that diverged (DIVERGENCE_RULE). Those with a finite value stay in the mean and the paired
+        comparisons, as what the method gave at that seed; a seed without one has nothing to average."""
+        at_chance = {seed for seed, value in self.by_seed.items()
+                     if chance is not None and self.metric == "accuracy" and value <= chance + ABOVE_CHANCE}
+        return sorted(self.non_finite | at_chance)
+
+    @property
+    def finished(self) -> int:
+        """Seeds whose run finished, with a finite value or not."""
+        return len(set(self.by_seed) | self.non_finite)
 
     def cost(self, name: str) -> float | None:
         """The median over seeds: two cells share this machine at a time, and one seed's run beside a heavier cell
@@ -108,9 +134,11 @@ def _add(entry: Entry, outcome: Outcome) -> None:
     results = outcome.results or {}
     entry.metric = results["test_metric"]
     entry.device = results.get("device") or entry.device
-    value = outcome.value("test")
+    seed, value, loss = int(outcome.cell["seed"]), outcome.value("test"), results.get("test_loss")
     if value is not None:
-        entry.by_seed[int(outcome.cell["seed"])] = value
+        entry.by_seed[seed] = value
+    if value is None or (loss is not None and _finite(loss) is None):
+        entry.non_finite.add(seed)
     for target, key in (("spent", "epsilon"), ("samples_per_s", "samples_per_s"), ("peak_mb", "peak_memory_mb"),
                         ("wall_s", "train_time_s")):
         number = _finite(results.get(key))
@@ -151,3 +179,19 @@ def summarize(outcomes: list[Outcome]) -> tuple[dict[str, list[Entry]], dict[str
     for (task, _, _), record in tuning.items():
         tuning_by_task[task].append(record)
     return dict(by_task), dict(tuning_by_task)
+
+
+def attach_selection(entries: dict[str, list[Entry]], tuning: dict[str, list[Tuning]],
+                     tuning_budget: Callable[[float | None], float | None],
+                     skip: Callable[[Entry], bool] = lambda entry: False) -> None:
+    """Give each entry the validation value of the trial at its own point in the search that tuned it (at
+    `tuning_budget(epsilon)`); entries `skip` names (privately tuned: their scores are not released) keep None."""
+    for task, task_entries in entries.items():
+        records = {(r.variant, r.epsilon): r for r in tuning.get(task, [])}
+        for entry in task_entries:
+            record = records.get((entry.variant, tuning_budget(entry.epsilon)))
+            if record is None or skip(entry):
+                continue
+            values = [value for lr, clip, value, _ in record.trials
+                      if (lr, clip) == (entry.lr, entry.clip_norm) and value is not None]
+            entry.selection = values[0] if values else None

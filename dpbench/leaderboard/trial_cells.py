@@ -7,8 +7,6 @@ from dpbench.leaderboard.cells import Cell
 from dpbench.leaderboard.grid import TuningGrid
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
 
-TUNING_SEED = 0
-
 
 def start_grid(suite: Suite, task: Task, method: Method) -> TuningGrid:
     """The method's grid on the task's first range: the same points for every method with the same optimizer."""
@@ -28,3 +26,9 @@ def cell_for(suite: Suite, task: Task, method: Method, variant: Variant, phase: 
     return Cell(task=task.name, method=method.name, variant=variant.name, label=variant.label, phase=phase,
                 epsilon=epsilon if method.private else None, seed=seed, trial=trial, lr=lr, clip_norm=clip_norm,
                 overrides=overrides)
+
+
+def trial_cell(suite: Suite, task: Task, method: Method, variant: Variant, epsilon: float | None, trial: int,
+               lr: float, clip_norm: float | None) -> Cell:
+    """A tuning trial: a selection run on the profile's tuning seed, which no evaluation seed shares."""
+    return cell_for(suite, task, method, variant, "tune", epsilon, suite.tuning_seed, trial, lr, clip_norm)

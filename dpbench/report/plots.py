@@ -3,7 +3,8 @@ task (model and data set), each titled with the task and its scale.
 
 A figure never merges configurations: a line joins only entries that differ in its x axis alone, a bar is one
 configuration, and every line or bar is labelled with its method and what else sets it apart. Each method keeps its
-colour and marker (dpbench.report.style); points carry their 95% interval over seeds.
+colour and marker (dpbench.core.method_style); points carry their 95% interval over seeds; legends hold ten entries a
+column, tick labels do not overlap, and a metric's axis is not zoomed into one point (dpbench.report.style).
 """
 
 from __future__ import annotations
@@ -25,9 +26,10 @@ from matplotlib.axes import Axes  # noqa: E402
 from matplotlib.figure import Figure  # noqa: E402
 from matplotlib.transforms import offset_copy  # noqa: E402
 
+from dpbench.core.method_style import style_of  # noqa: E402
 from dpbench.report.labels import Task, legend_of, task_of, task_slug, task_title  # noqa: E402
 from dpbench.report.stats import interval95  # noqa: E402
-from dpbench.report.style import style_of  # noqa: E402
+from dpbench.report.style import legend_outside, linear_ticks, readable_axis, y_view  # noqa: E402
 
 # What sets the spent epsilon: a line of the metric-vs-epsilon plot runs along these.
 EPSILON_KEYS = frozenset({"privacy.epsilon", "privacy.noise_multiplier"})
@@ -143,12 +145,24 @@ def _axes(title: str, what: str, size: tuple[float, float] = (6, 4)) -> tuple[Fi
     return figure, axes
 
 
-def _legend_outside(axes: Axes) -> None:
-    axes.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+def _include(axes: Axes, series: Sequence[Series]) -> None:
+    """Autoscale to the lines' points and whiskers: drawn through a shifted transform (the dodge), they do not
+    widen the axes' data limits themselves, and a figure of dodged lines showed empty axes."""
+    points = [(p.x, level) for line in series for p in line.points for level in (p.y, *(p.interval or ()))]
+    if points:
+        axes.update_datalim(points)
+        axes.autoscale_view()
+
+
+def _levels(lines: Sequence[Series]) -> list[float]:
+    """Where the lines' points and whiskers reach on y."""
+    return [level for line in lines for p in line.points for level in (p.y, *(p.interval or ()))]
 
 
 def draw_lines(series: list[Series], title: str, xlabel: str, ylabel: str, baselines: Sequence[Series] = (),
-               logy: bool = False) -> Figure:
+               logy: bool = False, metric: str | None = None) -> Figure:
+    """One line per series, its whiskers the 95% interval; `baselines` as horizontal lines. A `metric`'s y view
+    follows dpbench.report.style.y_view (never zoomed into one point); other quantities are autoscaled."""
     spread = any(p.interval for line in [*series, *baselines] for p in line.points)
     figure, axes = _axes(title, f"{ylabel} vs {xlabel}" + (" (mean and 95% interval over seeds)" if spread else ""))
     offsets = _dodges(series)
@@ -159,6 +173,7 @@ def draw_lines(series: list[Series], title: str, xlabel: str, ylabel: str, basel
         axes.plot(xs, ys, marker=style.marker, color=style.colour, linestyle=LINESTYLES[repeat % len(LINESTYLES)],
                   label=line.label, transform=shifted)
         _whiskers(axes, xs, ys, line.points, style.colour, transform=shifted)
+    _include(axes, series)
     for baseline, repeat in zip(baselines, _repeat_index([b.method for b in baselines]), strict=True):
         style = style_of(baseline.method)
         (point,) = baseline.points
@@ -168,10 +183,14 @@ def draw_lines(series: list[Series], title: str, xlabel: str, ylabel: str, basel
             axes.axhspan(*point.interval, color=style.colour, alpha=0.1, linewidth=0)
     axes.set_xlabel(xlabel)
     axes.set_ylabel(ylabel)
+    readable_axis(axes, "x", [p.x for line in series for p in line.points])
     if logy:
         axes.set_yscale("log")
+    elif metric and (levels := _levels([*series, *baselines])):
+        axes.set_ylim(*y_view(levels, metric))
+        linear_ticks(axes.yaxis)
     axes.grid(alpha=0.3)
-    _legend_outside(axes)
+    legend_outside(axes, fontsize=8)
     return figure
 
 
@@ -195,6 +214,7 @@ def draw_bars(bars: list[Bar], title: str) -> Figure:
                       va="center", fontsize=8)
     axes.margins(x=0.25)
     axes.set_xlim(left=0)  # an interval below zero samples/s is only the few seeds' wide t-interval
+    linear_ticks(axes.xaxis)
     axes.set_xlabel(THROUGHPUT_NOTE, fontsize=8)
     axes.grid(axis="x", alpha=0.3)
     figure.tight_layout()
@@ -208,7 +228,8 @@ def task_figures(title: str, entries: list[dict[str, Any]]) -> dict[str, Figure]
     accuracy = line_series(entries, "epsilon", "test_value", EPSILON_KEYS, private_only=True)
     baselines = nonprivate_baselines(entries)
     if accuracy or baselines:
-        figures["metric_vs_epsilon"] = draw_lines(accuracy, title, "epsilon (spent)", f"test {metric}", baselines)
+        figures["metric_vs_epsilon"] = draw_lines(accuracy, title, "epsilon (spent)", f"test {metric}", baselines,
+                                                  metric=metric)
     if len({e["batch_size"] for e in entries if e["batch_size"] is not None}) > 1:
         memory = line_series(entries, "batch_size", "peak_memory_mb", frozenset({"batch_size"}))
         if memory:

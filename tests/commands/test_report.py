@@ -364,18 +364,24 @@ def test_report_of_several_sweeps_leaves_each_sweeps_own_report_alone(tmp_path):
     assert {name: (first / name).read_bytes() for name in before} == before
 
 
-def test_the_leaderboards_methods_and_variants_look_different_and_variants_keep_their_methods_colour():
-    """The ViT task alone plots twelve methods and rungs: no two share colour and marker, and a variant ("DP-Adam-JL
-    (r=10)", "DP2-SGD (constant noise)") keeps its method's colour."""
-    from dpbench.report.style import style_of
+def test_the_leaderboards_methods_and_variants_each_have_a_colour_and_variants_keep_their_methods_hue():
+    """The ViT task alone plots twelve methods and rungs: no two share a colour (JL's r=2 and r=10 once did), and a
+    variant ("DP-Adam-JL (r=10)") is a shade of its method's hue, so it reads as its kin."""
+    from colorsys import rgb_to_hls
+
+    from dpbench.core.method_style import style_of
 
     labels = ["DP-SGD", "DP-Adam", "non-private SGD", "non-private Adam", "DP-Adam-JL (r=2)", "DP-Adam-JL (r=10)",
               "DP-Adam-JL (r=30)", "DP-GRAPE (Adam)", "DP-GaLore (Adam)", "D2P2-SGD", "D2P-SGD (no projection)",
               "DP2-SGD (constant noise)", "DP-SGD-JL (r=2)", "DP-SGD-JL (r=10)", "D2P2-SGD (p = 0.3 d)",
               "DP2-SGD (constant noise, p = 0.3 d)", "sparse DP-Adam", "sparse DP-Adam (paper's S2, sparsity)"]
     styles = [style_of(label) for label in labels]
+    assert len({style.colour for style in styles}) == len(labels)
     assert len({(style.colour, style.marker) for style in styles}) == len(labels)
-    assert style_of("DP-Adam-JL (r=10)").colour == style_of("DP-Adam-JL").colour
-    assert style_of("DP2-SGD (constant noise)").colour == style_of("DP2-SGD").colour
+    for variant, method in [("DP-Adam-JL (r=10)", "DP-Adam-JL"), ("D2P2-SGD (p = 0.3 d)", "D2P2-SGD"),
+                            ("DP-GRAPE (Adam) (rank=8)", "DP-GRAPE (Adam)")]:
+        assert rgb_to_hls(*style_of(variant).colour)[0] == pytest.approx(rgb_to_hls(*style_of(method).colour)[0])
+        assert style_of(variant).marker != style_of(method).marker
+    assert style_of("DP2-SGD (constant noise)") == style_of("DP2-SGD")  # the suite's name for the same method
     assert len({style_of(label).colour for label in ["DP-SGD", "DP-Adam", "DP-Adam-JL", "DP-GRAPE (Adam)",
                                                       "DP-GaLore (Adam)", "D2P2-SGD", "D2P-SGD", "DP2-SGD"]}) == 8

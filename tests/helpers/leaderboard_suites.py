@@ -43,7 +43,9 @@ profiles:
     budgets: [1]
     tune_epsilon: 1
     tuning: {lr_points: 1, clip_points: 1, max_growth: 1, each_budget: false}
+    tuning_seed: 100
     seeds: [0]
+    smoke: true
     tasks:
       cnn: {methods: [nonprivate, dpsgd]}
       vit: {methods: [dpsgd, jl]}

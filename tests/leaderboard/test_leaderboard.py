@@ -18,6 +18,7 @@ from dpbench.leaderboard.cells import STOPPED_REASON, Cell, read_outcome, run_ce
 from dpbench.leaderboard.claims import fmt_value
 from dpbench.leaderboard.launch import LAUNCHERS
 from dpbench.leaderboard.plots import pareto
+from dpbench.leaderboard.provenance import current
 from dpbench.leaderboard.trial_cells import start_grid
 from tests.helpers.leaderboard_suites import TINY
 
@@ -52,6 +53,9 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path, caplog):
     assert tune["validation_size"] == 200 and tune["validation_accuracy"] is not None
     final = json.loads((root / "cnn/dpsgd/eps1_s0/results.json").read_text())
     assert final["validation_size"] == 0 and final["target_epsilon"] == 1.0
+    code = current()  # every cell records the checkout it ran from
+    cell = json.loads((root / "cnn/dpsgd/eps1_s0/cell.json").read_text())
+    assert len(code.commit) == 40 and (cell["commit"], cell["dirty"]) == (code.commit, code.dirty)
     assert final["config"]["optimizer"]["lr"] == tune["config"]["optimizer"]["lr"]
     assert final["delta"] == 1e-5  # the suite's delta, and a task's own where it sets one
     assert json.loads((root / "vit/dpsgd/eps1_s0/results.json").read_text())["delta"] == 1e-6
@@ -78,13 +82,14 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path, caplog):
     record = json.loads((dropped / "cell.json").read_text())
     (dropped / "cell.json").write_text(json.dumps({**record, "method": "dropped", "variant": "dropped"}))
 
-    markdown = build(suite, root, docs, "pytest").read_text()
+    markdown = build(suite, root, docs, "pytest", allow_mixed_commits=True).read_text()
+    assert ("Mixed commits, allowed by `--allow-mixed-commits`" in markdown) == code.dirty
     rows = list(csv.DictReader((docs / "leaderboard" / "cells.csv").open()))
     assert len(rows) == 8 and "left out: 1 cell(s) of methods, rungs or budgets the suite no longer runs" in markdown
     for row in rows:
         if row["status"] == "done":
             results = json.loads((root / row["cell"] / "results.json").read_text())
-            assert float(row["test_value"]) == results["test_accuracy"]
+            assert float(row["test_value"]) == results["test_accuracy"] and row["commit"] == code.commit
             peak = results["peak_memory_mb"]
             assert row["peak_memory_mb"] == ("" if peak is None else str(peak))
     rerun = json.loads((root / "cnn/dpsgd/eps1_s0/results.json").read_text())
@@ -96,14 +101,14 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path, caplog):
     assert "| JL (r=1) |" in markdown and "cannot reach epsilon 1: " + refused.reason in markdown
     cnn_section = markdown.split("### tiny CNN")[1].split("###")[0]
     assert "Three steps only, so the numbers say nothing." in cnn_section
-    assert "at delta 1e-05 for every task but tiny ViT: 1e-06 (below 1/N^1.1" in markdown
+    assert "at delta 1e-05 for every task but tiny ViT: 1e-06 (each below 1/N, N the task's training-set" in markdown
     assert "does not count the tuning" in markdown and "/nonexistent/fashion-mnist does not exist" in markdown
     assert (docs / "leaderboard" / "headline.png").exists()
     assert "not reached yet" not in markdown
 
     assert list((docs / "leaderboard").glob("vit_*.png"))
     shutil.move(root / "vit", tmp_path / "vit")  # a suite stopped before its second task
-    markdown = build(suite, root, docs, "pytest").read_text()
+    markdown = build(suite, root, docs, "pytest", allow_mixed_commits=True).read_text()
     waiting = markdown.split("Tasks the suite has not reached yet")[1].split("\n\n")[1]
     assert waiting == "- tiny ViT (`vit`)"
     assert not list((docs / "leaderboard").glob("vit_*.png"))  # no figure left from the earlier report
@@ -295,7 +300,7 @@ def test_a_stopped_suite_stops_its_running_cells_and_the_next_invocation_reruns_
             os.killpg(leaderboard.pid, signal.SIGKILL)
 
 
-def test_submitit_launcher_runs_each_cell_as_a_job(tmp_path):
+def test_submitit_launcher_runs_each_cell_as_a_job(tmp_path, clean_commit):
     """--launcher submitit --jobs 2: each cell a submitit job (a local process where there is no SLURM), every cell
     an ordinary run with its results."""
     pytest.importorskip("submitit")

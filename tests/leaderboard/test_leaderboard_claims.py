@@ -1,10 +1,11 @@
 """The leaderboard's verdicts and winners on hand-built tables whose answer is known: paired over seeds, with the
-three verdicts (holds, does not hold, not distinguishable at this budget)."""
+three verdicts (holds, does not hold, not distinguishable at this budget) decided over the family of claims made."""
 
 import pytest
 
 from dpbench.leaderboard.claims import check_claims, fmt_entry, winners
-from dpbench.leaderboard.compare import FAILS, HOLDS, UNCLEAR, better_verdict, close_verdict, paired
+from dpbench.leaderboard.compare import FAILS, HOLDS, UNCLEAR, paired
+from dpbench.leaderboard.family import Test, better_test, close_test, judge_all
 from dpbench.leaderboard.summary import Entry
 
 T_975_2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom (tables)
@@ -12,11 +13,25 @@ T_975_2 = 4.302652729911275  # Student t, 97.5% quantile, 2 degrees of freedom (
 
 def entry(method: str, epsilon: float | None, accuracy: float | None, step_s: float = 0.1, peak_mb: float = 100.0,
           label: str | None = None, refused: str | None = None, jitter: tuple[float, ...] = (-0.01, 0.0, 0.01),
-          device: str = "cpu") -> Entry:
+          device: str = "cpu", task: str = "t") -> Entry:
     seeds = {} if accuracy is None else {s: accuracy + d for s, d in enumerate(jitter)}
-    return Entry(task="t", method=method, variant=label or method, label=label or method, epsilon=epsilon,
+    return Entry(task=task, method=method, variant=label or method, label=label or method, epsilon=epsilon,
                  metric="accuracy", by_seed=seeds, step_s=[step_s] * len(seeds), peak_mb=[peak_mb] * len(seeds),
                  refused=refused, device=device)
+
+
+def claims(tasks: list, budgets: tuple, reference: float) -> list[str]:
+    """check_claims as the report runs it: the family collected, Holm-corrected, then the verdicts written."""
+    return judge_all(lambda judge: check_claims(tasks, budgets, reference, judge))[0]
+
+
+def won(entries: list[Entry], budgets: tuple, chance: float | None = None) -> list[str]:
+    return judge_all(lambda judge: winners(entries, budgets, chance, judge))[0]
+
+
+def alone(test: Test | None) -> str:
+    """The verdict of a family of one claim: what its own 95% interval says."""
+    return judge_all(lambda judge: judge.verdict(test))[0]
 
 
 def test_paired_interval_matches_a_hand_computation():
@@ -26,28 +41,28 @@ def test_paired_interval_matches_a_hand_computation():
     half = T_975_2 * 0.01 / 3**0.5
     assert comparison.difference == pytest.approx(0.02)
     assert comparison.interval == pytest.approx((0.02 - half, 0.02 + half))
-    assert better_verdict(comparison) == UNCLEAR  # [-0.005, +0.045] crosses 0
+    assert alone(better_test(a, b)) == UNCLEAR  # [-0.005, +0.045] crosses 0
     assert comparison.text() == "+2.0 points [-0.5, +4.5] over 3 paired seeds"
-    wide_gap = paired(entry("a", 3, 0.0, jitter=(0.90, 0.91, 0.92)), b)
-    assert better_verdict(wide_gap) == HOLDS and better_verdict(paired(b, entry("a", 3, 0.95))) == FAILS
-    assert close_verdict(paired(b, entry("a", 3, 0.95)), 0.02) == FAILS  # 12 points worse: not close
-    assert close_verdict(comparison, 0.02) == HOLDS  # a is no worse than b
-    one_seed = paired(entry("a", 3, 0.9, jitter=(0.0,)), entry("b", 3, 0.5, jitter=(0.0,)))
-    assert one_seed.interval is None and better_verdict(one_seed) == UNCLEAR
+    wide_gap = entry("a", 3, 0.0, jitter=(0.90, 0.91, 0.92))
+    assert alone(better_test(wide_gap, b)) == HOLDS and alone(better_test(b, entry("a", 3, 0.95))) == FAILS
+    assert alone(close_test(b, entry("a", 3, 0.95), 0.02)) == FAILS  # 12 points worse: not close
+    assert alone(close_test(a, b, 0.02)) == HOLDS  # a is no worse than b
+    one_seed = better_test(entry("a", 3, 0.9, jitter=(0.0,)), entry("b", 3, 0.5, jitter=(0.0,)))
+    assert one_seed.comparison.interval is None and alone(one_seed) == UNCLEAR
 
 
 def test_a_loss_is_better_when_lower():
     def loss(method: str, values: tuple[float, ...]) -> Entry:
         return Entry("t", method, method, method, 3, metric="loss", by_seed=dict(enumerate(values)))
 
-    comparison = paired(loss("sparse", (7.0, 7.1, 7.2)), loss("dpadam", (8.0, 8.2, 8.1)))
-    assert comparison.difference > 0 and better_verdict(comparison) == HOLDS
-    assert comparison.text().startswith("-1.000 [")  # shown in the loss's own units: lower
+    test = better_test(loss("sparse", (7.0, 7.1, 7.2)), loss("dpadam", (8.0, 8.2, 8.1)))
+    assert test.comparison.difference > 0 and alone(test) == HOLDS
+    assert test.comparison.text().startswith("-1.000 [")  # shown in the loss's own units: lower
 
 
 def jl_sentence(rungs: list[Entry]) -> str:
     table = [entry("dpsgd", 3, 0.90, step_s=0.4), *rungs]
-    (sentence,) = [s for s in check_claims([("CNN (26K)", table, None)], (3,), 3) if s.startswith("JL")]
+    (sentence,) = [s for s in claims([("CNN (26K)", table, None)], (3,), 3) if s.startswith("JL")]
     return sentence
 
 
@@ -56,7 +71,8 @@ def test_jl_claim_is_judged_on_every_measured_rung_against_the_best_baseline():
     usable_r = entry("jl", 3, 0.89, step_s=0.3, label="JL (r=10)")
     sentence = jl_sentence([useless_small_r, usable_r])
     assert "CNN (26K), on CPU, epsilon 3" in sentence  # the scale and the device are in the sentence
-    assert "JL (r=2) 10.0% [7.5, 12.5] (-80.0 points [-80.0, -80.0] over 3 paired seeds) at 0.62x" in sentence
+    assert ("JL (r=2) 10.0% [7.5, 12.5] (-80.0 points [-80.0, -80.0] over 3 paired seeds, p < 0.001, Holm < 0.001) "
+            "at 0.62x") in sentence
     assert sentence.endswith(": holds.")
     assert jl_sentence([useless_small_r]).endswith("**does not hold**.")
     slow = entry("jl", 3, 0.90, step_s=0.5, label="JL (r=10)")
@@ -67,23 +83,23 @@ def test_jl_claim_is_judged_on_every_measured_rung_against_the_best_baseline():
 
 def test_the_baseline_is_the_better_of_dp_sgd_and_dp_adam():
     table = [entry("dpsgd", 3, 0.80), entry("dpadam", 3, 0.90, label="DP-Adam"), entry("d2p2", 3, 0.85)]
-    (sentence,) = check_claims([("CNN", table, None)], (3,), 3)
+    (sentence,) = claims([("CNN", table, None)], (3,), 3)
     assert "vs DP-Adam 90.0%" in sentence and sentence.endswith("**does not hold** at the smallest budget.")
 
 
 def test_grape_d2p2_and_sparse_verdicts():
     vit = [entry("dpadam", 3, 0.70, peak_mb=200), entry("grape", 3, 0.69, peak_mb=120)]
     cnn = [entry("dpsgd", 1, 0.80), entry("d2p2", 1, 0.84), entry("dpsgd", 8, 0.92), entry("d2p2", 8, 0.93)]
-    cnn_worse = [entry("dpsgd", 1, 0.80), entry("d2p2", 1, 0.75), entry("dpsgd", 8, 0.92), entry("d2p2", 8, 0.93)]
-    grape, d2p2, d2p2_worse = check_claims([("ViT", vit, None), ("CNN", cnn, None), ("CNN2", cnn_worse, None)],
-                                           (1, 8), 3)
+    cnn_worse = [entry("dpsgd", 1, 0.80, task="t2"), entry("d2p2", 1, 0.75, task="t2"),
+                 entry("dpsgd", 8, 0.92, task="t2"), entry("d2p2", 8, 0.93, task="t2")]
+    grape, d2p2, d2p2_worse = claims([("ViT", vit, None), ("CNN", cnn, None), ("CNN2", cnn_worse, None)], (1, 8), 3)
     assert "0.60x its peak memory" in grape and grape.endswith(": holds.")
     assert d2p2.startswith("D2P2") and d2p2.endswith(": holds at the smallest budget.")
     assert d2p2_worse.endswith("**does not hold** at the smallest budget.")
     unstable = [entry("dpsgd", 1, 0.70), entry("d2p2", 1, 0.33, jitter=(-0.23, -0.23, 0.46))]
-    (sentence,) = check_claims([("FMNIST", unstable, None)], (1,), 3)  # D2P2 diverged on two seeds of three
+    (sentence,) = claims([("FMNIST", unstable, None)], (1,), 3)  # D2P2 diverged on two seeds of three
     assert sentence.endswith(": not distinguishable at the smallest budget.")
-    heavy = check_claims([("ViT", [entry("dpadam", 3, 0.70, peak_mb=200),
+    heavy = claims([("ViT", [entry("dpadam", 3, 0.70, peak_mb=200),
                                    entry("grape", 3, 0.69, peak_mb=190)], None)], (3,), 3)
     assert heavy[0].endswith("**does not hold**.")  # 0.95x memory is not "far less"
 
@@ -91,27 +107,28 @@ def test_grape_d2p2_and_sparse_verdicts():
 def test_winner_and_its_paired_margin_over_the_better_vanilla():
     table = [entry("dpsgd", 3, 0.90), entry("dpadam", 3, 0.92), entry("d2p2", 3, 0.95, label="D2P2-SGD"),
              entry("dpsgd", 8, 0.93), entry("dpadam", 8, 0.94)]
-    assert winners(table, (3, 8)) == [
-        "epsilon 3: **D2P2-SGD** 95.0% [92.5, 97.5], +3.0 points [+3.0, +3.0] over 3 paired seeds over dpadam "
-        "(92.0% [89.5, 94.5]): better holds",
-        "epsilon 8: **dpadam** 94.0% [91.5, 96.5] (vanilla itself)"]
+    assert won(table, (3, 8)) == [
+        "epsilon 3: **D2P2-SGD** 95.0% [92.5, 97.5] (chosen on the evaluation seeds: no selection score), +3.0 points "
+        "[+3.0, +3.0] over 3 paired seeds, p < 0.001, Holm < 0.001 over dpadam (92.0% [89.5, 94.5]): better holds",
+        "epsilon 8: **dpadam** 94.0% [91.5, 96.5] (chosen on the evaluation seeds: no selection score) (vanilla "
+        "itself)"]
 
 
 def test_nothing_is_judged_or_crowned_at_a_constant_prediction_s_accuracy():
     """Two methods that both predict the majority class are not "close", and neither wins."""
     table = [entry("dpadam", 3, 0.592, step_s=1.0), entry("jl", 3, 0.592, step_s=0.5, label="JL (r=2)")]
-    (sentence,) = check_claims([("BiLSTM", table, 0.59)], (3,), 3)
+    (sentence,) = claims([("BiLSTM", table, 0.59)], (3,), 3)
     assert sentence == ("JL, epsilon 3, BiLSTM, on CPU: cannot be judged here, no method compared beats a constant "
                         "prediction's 59.0% (dpadam 59.2%, JL (r=2) 59.2%).")
-    assert check_claims([("BiLSTM", table, None)], (3,), 3)[0].endswith(": holds.")
-    assert winners(table, (3,), 0.59) == [
+    assert claims([("BiLSTM", table, None)], (3,), 3)[0].endswith(": holds.")
+    assert won(table, (3,), 0.59) == [
         "epsilon 3: none, no private method beats a constant prediction (59.0%; best dpadam 59.2%)"]
 
 
 def test_d2p2_is_judged_only_on_budgets_where_something_learned():
     at_chance_small_eps = [entry("dpsgd", 1, 0.59), entry("d2p2", 1, 0.595), entry("dpsgd", 8, 0.80),
                            entry("d2p2", 8, 0.70)]
-    (sentence,) = check_claims([("BiLSTM", at_chance_small_eps, 0.59)], (1, 8), 8)
+    (sentence,) = claims([("BiLSTM", at_chance_small_eps, 0.59)], (1, 8), 8)
     assert "epsilon 1" not in sentence and sentence.endswith("**does not hold** at the smallest budget.")
 
 
@@ -137,7 +154,7 @@ def test_a_paper_setting_s_method_is_judged_under_its_claim(tmp_path):
     outcomes = [cell("dpsgd", "DP-SGD", "vanilla", s, 0.58 + 0.01 * s) for s in range(3)]
     outcomes += [cell("d2p2_paper_p", "D2P2-SGD (p = 0.3 d)", "d2p2", s, 0.62 + 0.01 * s) for s in range(3)]
     entries, _ = summarize(outcomes)
-    (sentence,) = check_claims([("its paper's CNN", entries["paper"], None)], (1.0,), 1.0)
+    (sentence,) = claims([("its paper's CNN", entries["paper"], None)], (1.0,), 1.0)
     assert sentence.startswith("D2P2 (better than DP-SGD, especially at small epsilon), its paper's CNN, on CPU: "
                                "D2P2-SGD (p = 0.3 d) against the best vanilla method at epsilon 1: 63.0%")
     assert sentence.endswith(": holds at the smallest budget.")
@@ -147,7 +164,7 @@ def test_a_paper_setting_s_method_is_judged_under_its_claim(tmp_path):
                      privatizer=privatizer)
 
     table = [loss("dpadam", "vanilla", (36.0, 36.1, 36.2)), loss("sparse_paper", "sparse", (36.6, 36.6, 36.7))]
-    (sentence,) = check_claims([("skip-gram pairs", table, None)], (3.0,), 3.0)
+    (sentence,) = claims([("skip-gram pairs", table, None)], (3.0,), 3.0)
     assert sentence.startswith("sparse (lower word2vec loss than DP-SGD), skip-gram pairs, epsilon 3: sparse_paper")
     assert sentence.endswith("**does not hold**.")
 
@@ -156,7 +173,7 @@ def test_a_task_running_both_a_method_and_its_paper_variant_is_judged_on_the_met
     both = [entry("dpsgd", 1, 0.60), entry("d2p2_paper_p", 1, 0.70, label="D2P2-SGD (p = 0.3 d)"),
             entry("d2p2", 1, 0.50, label="D2P2-SGD")]
     both[1].privatizer = both[2].privatizer = "d2p2"
-    (sentence,) = check_claims([("CNN", both, None)], (1.0,), 1.0)
+    (sentence,) = claims([("CNN", both, None)], (1.0,), 1.0)
     assert "CNN, on CPU: D2P2-SGD against the best vanilla method at epsilon 1: 50.0%" in sentence
 
 

@@ -33,21 +33,27 @@ profiles:
     budgets: [1]
     tune_epsilon: 1
     tuning: {lr_points: 2, clip_points: 2, max_growth: 1, each_budget: true}
+    tuning_seed: 100
     seeds: [0]
+    smoke: true
     tasks:
       cnn: {methods: [dpsgd], overrides: [max_steps=4, profiler.warmup_steps=1]}
   tiny:
     budgets: [1, 3]
     tune_epsilon: 3
     tuning: {lr_points: 2, clip_points: 2, max_growth: 1, each_budget: false}
+    tuning_seed: 100
     seeds: [0]
+    smoke: true
     tasks:
       cnn: {methods: [nonprivate, dpsgd, jl]}
   projected:
     budgets: [3]
     tune_epsilon: 3
     tuning: {lr_points: 2, clip_points: 2, max_growth: 1, each_budget: false}
+    tuning_seed: 100
     seeds: [0]
+    smoke: true
     tasks:
       cnn: {methods: [d2p2], overrides: [max_steps=5]}  # a step's own noise each: 30 took 55 s to plan
 """
@@ -131,7 +137,8 @@ def test_bad_private_tuning_options_are_refused_in_one_line(suite_file, capsys, 
     assert message in err and err.count("\n") == 1
 
 
-def test_private_tuning_runs_a_secret_number_of_trials_and_reports_its_epsilon_beside_the_run_s(suite_file, tmp_path):
+def test_private_tuning_runs_a_secret_number_of_trials_and_reports_its_epsilon_beside_the_run_s(suite_file, tmp_path,
+                                                                                                 clean_commit):
     """Through the real CLI: K trials drawn from the suite's secret (the same K when the suite resumes), the winner by
     noisy score trains the test cell, and the epsilon with tuning is dp-accounting's composition of the trial and
     the final run as their cells run them."""

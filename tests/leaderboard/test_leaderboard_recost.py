@@ -54,7 +54,7 @@ def _row(text, label):
     return next(line for line in text.splitlines() if line.startswith(f"| {label} |")).split(" | ")
 
 
-def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, monkeypatch):
+def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, monkeypatch, clean_commit):
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
     docs, root = _docs(tmp_path), tmp_path / "costs"

@@ -47,11 +47,17 @@ profiles:
     budgets: [1, 3]
     tune_epsilon: 3
     tuning: {lr_points: 3, clip_points: 3, max_growth: 16, each_budget: true}
+    tuning_seed: 3
     seeds: [0, 1, 2]
+    smoke: true
     tasks:
       cnn: {methods: [nonprivate, dpsgd, d2p2]}
       lstm: {methods: [dpsgd]}
 """
+
+
+CLEAN = {"commit": "a" * 40, "dirty": False}
+"""One clean commit for every simulated cell: the report's provenance check passes them."""
 
 
 def _suite(tmp_path: Path, text: str = SUITE):
@@ -77,7 +83,7 @@ class Simulated(Scheduler):
         self.planned.append(cell)
         directory = cell.directory(self.root)
         directory.mkdir(parents=True, exist_ok=True)
-        write_json_atomic(directory / "cell.json", {**cell.__dict__, "process_wall_s": 1.0})
+        write_json_atomic(directory / "cell.json", {**cell.__dict__, "process_wall_s": 1.0, **CLEAN})
         value = score(cell)
         results = {"test_metric": "accuracy", "device": "cpu", "epsilon": cell.epsilon, "train_time_s": 10.0,
                    "steps": 100, "step_time_s": 0.1, "samples_per_s": 500.0 if cell.method == "d2p2" else 800.0,
@@ -143,14 +149,14 @@ def test_report_glance_anchors_tuning_counts_and_cost_only_section(tmp_path):
     markdown = build(suite, root, docs, "pytest").read_text()
     glance = markdown.split("## At a glance")[1].split("## Results per task")[0]
     # D2P2 wins by exactly one point at every seed: a zero-width interval, "holds".
-    assert ("| CNN (26K) | 3 | D2P2-SGD 77.3% [76.6, 78.0] | DP-SGD | +1.0 points [+1.0, +1.0] over 3 paired seeds "
-            "| holds | 1.00x memory, 1.00x time |") in glance
+    assert ("| CNN (26K) | 3 | D2P2-SGD 77.3% [76.6, 78.0] | DP-SGD | +1.0 points [+1.0, +1.0] over 3 paired seeds, "
+            "p < 0.001, Holm < 0.001 | holds | 1.00x memory, 1.00x time |") in glance
     assert "Published figures this task reproduces:" in markdown
     assert ("- Somebody et al. 2021, Table 1: the same CNN: 90.0% at epsilon 3; DP-SGD here 76.3% [75.6, 77.0], -13.7 "
             "points") in markdown
-    assert "- non-private: 18 trials (18 finished), best lr 8.02 -> 70.0%, interior after growing the range" in markdown
+    assert "- non-private: 18 trials (18 finished), best lr 8.02 -> 70.9%, interior after growing the range" in markdown
     assert "published 90.0% (Somebody et al. 2021, Table 1: the same CNN)" in markdown  # beside the cell too
-    assert ("Tuning (validation accuracy, seed 0): 5 searches, 0 with the optimum interior on the first range, 5 "
+    assert ("Tuning (validation accuracy, seed 3): 5 searches, 0 with the optimum interior on the first range, 5 "
             "interior after growing it, 0 on the edge") in markdown
     cost_only = markdown.split("## Cost only")[1].split("## The papers'")[0]
     assert "Nothing learns here." in cost_only and "| DP-SGD | 800 |" in cost_only
@@ -290,8 +296,8 @@ def test_a_published_figure_is_drawn_beside_the_cell_that_reproduces_it():
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgba
 
+    from dpbench.core.method_style import style_of
     from dpbench.leaderboard.plots import PUBLISHED, draw_epsilon
-    from dpbench.report.style import style_of
 
     entries = [Entry("t", "dpsgd", "dpsgd", "DP-SGD", 1, metric="accuracy", by_seed={0: 0.58, 1: 0.59, 2: 0.6}),
                Entry("t", "d2p2_paper_p", "d2p2_paper_p", "D2P2-SGD (p = 0.3 d)", 1, metric="accuracy",
@@ -312,8 +318,8 @@ def test_two_non_private_baselines_in_one_task_are_told_apart_in_both_figures():
     import matplotlib.pyplot as plt
     from matplotlib.colors import to_rgba
 
+    from dpbench.core.method_style import style_of
     from dpbench.leaderboard.plots import _draw_cost, draw_epsilon
-    from dpbench.report.style import style_of
 
     def entry(method: str, label: str, epsilon: float | None, accuracy: float) -> Entry:
         return Entry("t", method, method, label, epsilon, metric="accuracy",
