@@ -6,7 +6,9 @@
    gradients and DP-GRAPE on OPT-1.3B, 6.7B and 2.7B (published shapes, random weights; 64 tokens; the card's whole
    memory as the cap; max_memory_reserved),
 4. DP-Adam's and DP-GRAPE's step time against non-private Adam at the fixed batch, from the frontier's trials,
-5. issue 26's ratios on the card (`python -m benchmarks overhead`, one round, CNN and ViT, eight fresh processes):
+5. bf16-mixed against fp32 (issue 47): the default run, and DP-Adam and DP-GRAPE on OPT-1.3B at batch 4 (speed and
+   max_memory_reserved), and an FSDP2 run (`trainer.strategy=fsdp`) on the one card, world size 1, to prove the path,
+6. issue 26's ratios on the card (`python -m benchmarks overhead`, one round, CNN and ViT, eight fresh processes):
    vanilla and Opacus against non-private, JL r = 10 against vanilla, each step's arithmetic beside them (the
    record lands in bench_results/overhead.json, as `make bench` leaves it, and is copied beside gpu_check.json);
    without JL's compiled case, whose compilations would take most of the part's share of the budget.
@@ -119,6 +121,50 @@ def frontier(out: Path, size: Size, cap_gb: float, deadline: Deadline, share: fl
     return part
 
 
+PRECISION_RUNS = {  # label -> overrides; each a few steps of `python -m dpbench`
+    "default fp32": [],
+    "default bf16": ["trainer.precision=bf16-mixed"],
+    "DP-Adam OPT fp32": ["model=opt", *TEXT, "privatizer=vanilla", "batch_size=4"],
+    "DP-Adam OPT bf16": ["model=opt", *TEXT, "privatizer=vanilla", "batch_size=4", "trainer.precision=bf16-mixed"],
+    "DP-GRAPE OPT fp32": ["model=opt", *TEXT, "privatizer=grape", "batch_size=4"],
+    "DP-GRAPE OPT bf16": ["model=opt", *TEXT, "privatizer=grape", "batch_size=4", "trainer.precision=bf16-mixed"],
+    "default FSDP2 (1 device)": ["trainer.strategy=fsdp", "trainer.devices=1"],
+}
+PRECISION_FIELDS = ("method", "precision", "device", "steps", "samples_per_s", "step_time_s", "peak_memory_mb",
+                    "max_memory_reserved_mb", "test_accuracy", "epsilon")
+
+
+def precision_and_sharding(out: Path, deadline: Deadline, share: float, dry_run: bool) -> dict:
+    """Each run of PRECISION_RUNS in turn, with an even share of the part's time; OPT-1.3B on the card (the small
+    OPT config in a dry run)."""
+    ending, runs = time.monotonic() + deadline.left() * share, {}
+    size = [] if dry_run else ["model.size=1.3b"]
+    for index, (label, overrides) in enumerate(PRECISION_RUNS.items()):
+        run_dir = out / "precision" / label.replace(" ", "_").replace("(", "").replace(")", "")
+        opt = size if "model=opt" in overrides else []
+        part = _run([sys.executable, "-m", "dpbench", *overrides, *opt, "max_steps=8", "profiler.warmup_steps=3",
+                     "trainer.checkpoint=false", "trainer.enable_progress_bar=false", f"hydra.run.dir={run_dir}"],
+                    (ending - time.monotonic()) / (len(PRECISION_RUNS) - index))
+        results = run_dir / "results.json"
+        record = json.loads(results.read_text()) if results.exists() else {}
+        runs[label] = {"exit": part["exit"], "wall_s": part["wall_s"],
+                       **{key: record.get(key) for key in PRECISION_FIELDS}}
+    return {"runs": runs, "ratios": precision_ratios(runs)}
+
+
+def precision_ratios(runs: dict[str, dict]) -> dict[str, float | None]:
+    """bf16 over fp32 of each pair: step time and reserved memory (peak memory on CPU)."""
+    ratios: dict[str, float | None] = {}
+    for label, run in runs.items():
+        if not label.endswith("bf16"):
+            continue
+        base = runs.get(label.replace("bf16", "fp32"), {})
+        for key in ("step_time_s", "max_memory_reserved_mb", "peak_memory_mb"):
+            ratios[f"{label[:-5]} {key} bf16/fp32"] = (run[key] / base[key] if run.get(key) and base.get(key)
+                                                       else None)
+    return ratios
+
+
 def overhead(out: Path, deadline: Deadline, share: float, dry_run: bool) -> dict:
     """The overhead benchmark's ratios on this device; its record is copied beside gpu_check.json."""
     saved, started = ROOT / "bench_results" / "overhead.json", time.time()
@@ -146,6 +192,12 @@ def table(record: dict) -> str:
     run = record.get("default_run", {}).get("results")
     if run:
         lines.append(f"default run: {json.dumps(run)}")
+    precision = record.get("precision_and_sharding", {})
+    for label, run in precision.get("runs", {}).items():
+        lines.append(f"{label}: exit {run['exit']}, {run.get('samples_per_s')} samples/s, "
+                     f"{run.get('max_memory_reserved_mb') or run.get('peak_memory_mb')} MB, {run.get('method')}")
+    for label, value in precision.get("ratios", {}).items():
+        lines.append(f"- {label}: {value:.2f}" if value is not None else f"- {label}: n/a")
     ratios = record.get("overhead", {}).get("ratios")
     if ratios:
         lines += ["", "## issue 26's ratios (one round)", *(f"- {label}: {value:.2f}" if value is not None
@@ -184,6 +236,7 @@ def main() -> None:
         cap_gb = torch.cuda.get_device_properties(0).total_memory / 2**30
     parts = [("cuda_tests", lambda: cuda_tests(out, deadline, 0.25, workers)),
              ("default_run", lambda: default_run(out, deadline, 0.15, args.dry_run)),
+             ("precision_and_sharding", lambda: precision_and_sharding(out, deadline, 0.3, args.dry_run)),
              ("overhead", lambda: overhead(out, deadline, 0.4, args.dry_run))]
     for index, size in enumerate(sizes):
         share = 1.0 / (len(sizes) - index)  # an even split of what is left

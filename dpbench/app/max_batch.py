@@ -140,13 +140,14 @@ def _out_of_memory(error: Exception) -> bool:
 def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: float, device_name: str, queue) -> None:
     """Child process: build the run's model and strategy, then train `steps` steps on a batch of exactly B."""
     try:
-        from dpbench.core.config import Config, validated
+        from dpbench.core.config import MIXED_PRECISION, Config, validated
         from dpbench.data import load_data
         from dpbench.models import build_model
         from dpbench.privacy.accountant import PrivacyAccountant
-        from dpbench.privatizers import PrivacySettings, make_strategy
+        from dpbench.privatizers import PrivacySettings, check_strategy_precision, make_strategy
         from dpbench.privatizers.base import StepContext
         from dpbench.profiling.memory import PeakMemory, high_water_mark_mb, resident_mb
+        from dpbench.training.step import privatizing
 
         queue.put(("interpreter", resident_mb(), (in_use_bytes() or 0) / 2**20))
         cfg = compose(overrides)
@@ -164,6 +165,7 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
         sigma = typed.privacy.noise_multiplier or 1.0
         settings = PrivacySettings(typed.privacy.clip_norm, min(1.0, batch_size / len(data.train)), sigma)
         strategy = make_strategy(cfg.privatizer, settings)
+        check_strategy_precision(strategy, str(typed.trainer.precision))
         strategy.attach(model)
         planned = typed.max_steps or typed.epochs * math.ceil(len(data.train) / batch_size)
         # what the run fixes before its first step besides sigma (sparse's selection budget, D2P2's noise schedule)
@@ -178,11 +180,14 @@ def _train_steps(overrides: list[str], batch_size: int, steps: int, cap_mb: floa
         memory.start()
         reading = PeakInUse() if device.type == "cpu" and in_use_bytes() is not None else None
 
+        mixed = str(typed.trainer.precision) == MIXED_PRECISION
+
         def step_once(step: int) -> float:
             started = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
-            strategy.privatize(model, data.task, batch, StepContext(step, float(batch_size)))
-            strategy.apply_update(optimizer)
+            with torch.autocast(device.type, dtype=torch.bfloat16, enabled=mixed), privatizing(strategy, model):
+                strategy.privatize(model, data.task, batch, StepContext(step, float(batch_size)))
+                strategy.apply_update(optimizer)
             _synchronize(device)
             return time.perf_counter() - started
 

@@ -109,6 +109,8 @@ class PrivatizerStrategy(ABC):
         self.noise = PrivateStream(privacy.randomness, "noise")
         self.checks = CheckSchedule(privacy.randomness)
         """When the per-sample engine checks itself against per-example passes: hand it to the engine you build."""
+        self._shard_draws: tuple[int, Any] | None = None
+        """(step, this rank's draws for its shards at that step) under FSDP2."""
 
     # -- privacy ---------------------------------------------------------------------------------------------
     @property
@@ -240,18 +242,24 @@ class PrivatizerStrategy(ABC):
         Each sum leaves `clipped_sums` as its gradient is written, so the step never holds every sum and every
         gradient at once (one copy of the parameters less at the step's peak)."""
         std = self.noise_multiplier * self.privacy.clip_norm
-        shard_draws = None
         for name, param in trainable_parameters(model).items():
             total = clipped_sums.pop(name, None)
             if is_sharded(param):
-                total = torch.zeros(param.shape, device=param.device) if total is None else total
-                local = shard_of_sum(total.to(param.dtype), param)
-                shard_draws = shard_draws or shard_noise(self.privacy.randomness, ctx.step, param, local.device)
-                noisy = shard_draws.normal(local.shape, local.dtype).mul_(std).add_(local)
-                param.grad = as_sharded_grad(noisy.div_(ctx.expected_batch_size), param)
+                param.grad = self.noised_shard_mean(param, total, std, ctx)
                 continue
             total = torch.zeros_like(param) if total is None else total.to(param.dtype)
             param.grad = self.noised_sum(total, std).div_(ctx.expected_batch_size)
+
+    def noised_shard_mean(self, param: Tensor, total: Tensor | None, std: float, ctx: StepContext) -> Tensor:
+        """A sharded parameter's gradient: this rank's rows of the global clipped sum (`total`: this rank's
+        full-shaped sum, None for zero) plus noise from this rank's key for the step, over the expected batch size.
+        The draws continue across the step's parameters, in their order."""
+        total = torch.zeros(param.shape, device=param.device) if total is None else total
+        local = shard_of_sum(total.to(param.dtype), param)
+        if self._shard_draws is None or self._shard_draws[0] != ctx.step:
+            self._shard_draws = (ctx.step, shard_noise(self.privacy.randomness, ctx.step, param, local.device))
+        noisy = self._shard_draws[1].normal(local.shape, local.dtype).mul_(std).add_(local)
+        return as_sharded_grad(noisy.div_(ctx.expected_batch_size), param)
 
     def state_dict(self) -> dict[str, Any]:
         return {"noise": self.noise.state_dict(), "checks": self.checks.state_dict()}

@@ -62,6 +62,7 @@ class SVDProjections(Projector):
 
 class DPGaLore(Vanilla):
     name = "dp_galore"
+    supports_sharding = False  # its SVD reads the whole noisy gradient
     config: DPGaLoreConfig
 
     def preflight(self, model: nn.Module, optimizer_config: Any | None) -> None:

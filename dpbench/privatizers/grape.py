@@ -16,7 +16,7 @@ from torch import Tensor, nn
 from torch.optim import Optimizer
 
 from dpbench.core.errors import ConfigurationError
-from dpbench.core.tasks import Batch, Task, batch_size_of
+from dpbench.core.tasks import Batch, Task
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
 from dpbench.privatizers.clipping import clipping_stats
 from dpbench.privatizers.per_sample import check_hook_engine, trainable_parameters
@@ -28,6 +28,7 @@ from dpbench.privatizers.projections import (
     projection_details,
     refuse_nothing_projected,
 )
+from dpbench.privatizers.sharding import is_sharded
 
 
 @dataclass
@@ -54,6 +55,7 @@ def check_adam(optimizer_config: Any, privatizer: str) -> None:
 class Grape(PrivatizerStrategy):
     name = "grape"
     supports_mixed_precision = True
+    supports_sharding = True
     per_sample_activation_share = 0.2  # records, projected per-sample gradients (ViT 4.8M: BENCHMARKS.md)
     config: GrapeConfig
 
@@ -90,7 +92,7 @@ class Grape(PrivatizerStrategy):
 
     def accumulate(self, model: nn.Module, task: Task, batch: Batch, ctx: StepContext) -> tuple[float, dict]:
         self.projections.step = ctx.step
-        if batch_size_of(batch) == 0:
+        if self.skips(model, batch):
             return 0.0, {"batch_size": 0.0}
         result = self.engine.clipped_sum(task, batch, self.privacy.clip_norm)
         for name, grad in result.grads.items():
@@ -100,14 +102,18 @@ class Grape(PrivatizerStrategy):
         return float(result.losses.sum()), clipping_stats(result.norms, self.privacy.clip_norm)
 
     def finalize(self, model: nn.Module, ctx: StepContext) -> None:
-        """Noise in the projected space, once across ranks; projected gradients go to the optimizer, others to .grad."""
+        """Noise in the projected space, once across ranks; projected gradients go to the optimizer, others to .grad
+        (under FSDP2 each rank's rows, noised by that rank: privatizers.sharding)."""
         self.projections.step = ctx.step
         std = self.noise_multiplier * self.privacy.clip_norm
         for name, param in trainable_parameters(model).items():
             total = self._sums.get(name)
+            if is_sharded(param) and param not in self.projections.specs:
+                param.grad = self.noised_shard_mean(param, total, std, ctx)
+                continue
             if total is None:
                 total = torch.zeros(self.spaces[name], dtype=param.dtype, device=param.device)
-            noisy = self.noised_sum(total, std).div_(ctx.expected_batch_size)
+            noisy = self.noised_sum(total, std).div_(ctx.expected_batch_size)  # replicated: noised once, by rank 0
             if param in self.projections.specs:
                 self._projected_grads[param] = noisy
             else:

@@ -14,6 +14,7 @@ import torch
 from torch import Tensor, nn
 
 from dpbench.privatizers.projections import Projector
+from dpbench.privatizers.sharding import is_sharded, shard_rows
 
 
 class ProjectedAdam(torch.optim.Optimizer):
@@ -27,6 +28,18 @@ class ProjectedAdam(torch.optim.Optimizer):
         super().__init__(list(params), {"lr": lr, "betas": betas, "eps": eps, "weight_decay": weight_decay})
         self.projections = projections
         self.projected_grads = projected_grads
+        for group in self.param_groups:
+            for param in group["params"]:
+                self._init_state(param)
+
+    def _init_state(self, param: nn.Parameter) -> None:
+        """Moments made at once rather than at the first step: a sharded checkpoint (torch.distributed.checkpoint)
+        restores into the state the optimizer has, and would find none for a projected weight before its first
+        step (its zero-gradient warm-up step sees no projected gradient)."""
+        spec = self.projections.specs.get(param)
+        zeros = (torch.zeros(spec.projected_shape, dtype=param.dtype, device=param.device) if spec is not None
+                 else torch.zeros_like(param))
+        self.state[param] = {"step": 0, "exp_avg": zeros, "exp_avg_sq": zeros.clone()}
 
     @torch.no_grad()
     def step(self, closure=None):
@@ -42,19 +55,19 @@ class ProjectedAdam(torch.optim.Optimizer):
                 if grad is None:
                     continue
                 state = self.state[param]
-                if not state:
-                    state["step"] = 0
-                    state["exp_avg"] = torch.zeros_like(grad)
-                    state["exp_avg_sq"] = torch.zeros_like(grad)
                 state["step"] += 1
                 exp_avg, exp_avg_sq, step = state["exp_avg"], state["exp_avg_sq"], state["step"]
                 exp_avg.lerp_(grad, 1 - beta1)
                 exp_avg_sq.mul_(beta2).addcmul_(grad, grad, value=1 - beta2)
                 denominator = (exp_avg_sq / (1 - beta2**step)).sqrt_().add_(group["eps"])
                 direction = exp_avg / (1 - beta1**step) / denominator
-                if projected:
-                    direction = self.projections.back(param, direction)
                 if group["weight_decay"]:
                     param.mul_(1 - group["lr"] * group["weight_decay"])
+                if projected and is_sharded(param):  # this rank's rows of the mapped-back direction only
+                    start, stop = shard_rows(param)
+                    param.to_local().add_(self.projections.back(param, direction, start, stop), alpha=-group["lr"])
+                    continue
+                if projected:
+                    direction = self.projections.back(param, direction)
                 param.add_(direction, alpha=-group["lr"])
         return loss

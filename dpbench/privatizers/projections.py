@@ -133,10 +133,13 @@ class Projector:
         matrix = self.matrix(weight)
         return matrix.T @ full if self.specs[weight].left else full @ matrix
 
-    def back(self, weight: nn.Parameter, projected: Tensor) -> Tensor:
-        """Map a projected-space tensor back to the weight's space with the same matrix: P R or R Q^T."""
+    def back(self, weight: nn.Parameter, projected: Tensor, start: int = 0, stop: int | None = None) -> Tensor:
+        """Map a projected-space tensor back to the weight's space with the same matrix: P R or R Q^T (its rows
+        start:stop only, for a rank's shard)."""
         matrix = self.matrix(weight)
-        return matrix @ projected if self.specs[weight].left else projected @ matrix.T
+        if self.specs[weight].left:
+            return matrix[start:stop] @ projected
+        return projected[start:stop] @ matrix.T
 
 
 class RandomProjections(Projector):

@@ -25,7 +25,7 @@ from dpbench.privacy.randomness import PrivacyRandomness
 
 def unsupported_sharding(strategy_name: str) -> ConfigurationError:
     return ConfigurationError(
-        f"privatizer={strategy_name} does not support trainer.strategy=fsdp yet (vanilla does): run it with "
+        f"privatizer={strategy_name} does not support trainer.strategy=fsdp yet (vanilla and grape do): run it with "
         "trainer.strategy=ddp or on one device"
     )
 
@@ -38,7 +38,7 @@ def sharded_model(model: nn.Module) -> bool:
     return any(is_sharded(p) for p in model.parameters())
 
 
-def _chunk_bounds(param: DTensor) -> tuple[int, int]:
+def shard_rows(param: DTensor) -> tuple[int, int]:
     """This rank's rows of `param` (FSDP2's default placement: Shard(0), torch.chunk's split)."""
     if tuple(param.placements) != (Shard(0),):
         raise UnsupportedModelError(
@@ -61,7 +61,7 @@ def shard_of_sum(total: Tensor, param: DTensor) -> Tensor:
     padded[: total.shape[0]] = total
     shard = total.new_empty((size, *total.shape[1:]))
     dist.reduce_scatter_single(shard, padded, group=mesh.get_group())
-    start, stop = _chunk_bounds(param)
+    start, stop = shard_rows(param)
     return shard[: stop - start]
 
 

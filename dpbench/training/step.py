@@ -14,6 +14,8 @@ off, so its norms, clipping, sums, noise and update are float32 (per_sample.prec
 from __future__ import annotations
 
 import itertools
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import Tensor, nn
@@ -109,12 +111,15 @@ def _refuse_narrow_weights(model: nn.Module) -> None:
         )
 
 
-def _step_precision(strategy: PrivatizerStrategy, model: nn.Module) -> tuple[str, torch.dtype | None]:
-    """The device type and the autocast dtype the step was called under (refused where the bound would not hold)."""
+@contextmanager
+def privatizing(strategy: PrivatizerStrategy, model: nn.Module) -> Iterator[None]:
+    """The private part of a step: autocast (if the step was called under it, and allowed) re-entered only by the
+    model's forwards, everything else in float32 (per_sample.precision)."""
     device_type = next((p.device.type for p in model.parameters()), "cpu")
     dtype = check_step_precision(device_type, strategy.name, strategy.supports_mixed_precision,
                                  tuple(mixed_precision_privatizers()))
-    return device_type, dtype
+    with float32_step(device_type, dtype):
+        yield
 
 
 def private_step(
@@ -124,13 +129,12 @@ def private_step(
     """The strategy's privatized gradient, its update, and (for a private strategy) the step's mechanisms in the
     ledger; a private step that changed the model in its forward, or that is not finite, is refused before its update
     (after it, for parameters the update made non-finite)."""
-    device_type, dtype = _step_precision(strategy, model)
     optimizer.zero_grad(set_to_none=True)
     if strategy.is_private:
         _refuse_parameter_hooks(model)
         _refuse_narrow_weights(model)
     states = _states(model) if strategy.is_private else None
-    with float32_step(device_type, dtype):
+    with privatizing(strategy, model):
         try:
             output = strategy.privatize(model, task, batch, ctx)
         except UnsupportedModelError:

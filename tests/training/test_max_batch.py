@@ -92,6 +92,15 @@ def test_a_trial_prepares_what_the_run_fixes_before_its_first_step(privatizer):
     assert trial.fits and trial.samples_per_s
 
 
+def test_a_trial_at_bf16_mixed_steps_as_a_run_does_and_refuses_a_privatizer_without_it():
+    """The frontier measures at trainer.precision: its trial steps through the run's private-step precision context
+    (autocast for the forwards only), and a privatizer without mixed precision is refused as a run refuses it."""
+    trial = run_trial([*TINY, "privatizer=vanilla", "trainer.precision=bf16-mixed"], 8, cap_mb=8000, steps=3)
+    assert trial.fits and trial.samples_per_s
+    with pytest.raises(ConfigurationError, match="privatizer=jl does not support trainer.precision=bf16-mixed"):
+        run_trial([*TINY, "privatizer=jl", "trainer.precision=bf16-mixed"], 8, cap_mb=8000)
+
+
 def test_a_cap_below_the_interpreter_is_an_error_naming_the_footprint(tmp_path):
     env = {**os.environ, "WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     run = subprocess.run(

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 
+from dpbench.core.optim import OptimizerConfig
 from dpbench.core.tasks import ClassificationTask
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
@@ -94,6 +95,48 @@ def test_a_sharded_step_releases_the_single_process_sum_plus_each_shards_own_noi
     assert not torch.isclose(flat[0][: len(flat[1])], flat[1][: len(flat[0])]).any()  # no two ranks share noise
 
 
+def _grape(sigma: float):
+    settings = PrivacySettings(CLIP, 0.1, sigma, PrivacyRandomness(ROOT_SEED))
+    return make_strategy(OmegaConf.create({"name": "grape", "rank": 2}), settings)
+
+
+def _grape_step(model: nn.Module, sigma: float, batch) -> dict[str, torch.Tensor]:
+    """One GRAPE step with projected Adam; the parameters after it (gathered whole)."""
+    strategy = _grape(sigma)
+    strategy.attach(model)
+    optimizer = strategy.configure_optimizer(model, OptimizerConfig(name="adam", lr=0.1))
+    strategy.privatize(model, ClassificationTask(), batch, StepContext(STEP, BATCH, 2))
+    strategy.apply_update(optimizer)
+    return {name: (p.full_tensor() if hasattr(p, "full_tensor") else p).detach().clone()
+            for name, p in model.named_parameters()}
+
+
+def _grape_worker(rank: int, port: int, sigma: float, out) -> None:
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        model = _model()
+        shard(model, init_device_mesh("cpu", (2,)))
+        inputs, targets = _batch()
+        part = slice(0, 5) if rank == 0 else slice(5, BATCH)
+        out[rank] = _grape_step(model, sigma, (inputs[part], targets[part]))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.parametrize("sigma", [0.0, SIGMA], ids=["noise-free", "noised"])
+def test_a_sharded_grape_step_updates_every_rank_alike_and_as_one_process_does(sigma):
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    out = mp.Manager().dict()
+    mp.spawn(_grape_worker, args=(port, sigma, out), nprocs=2, join=True)
+    torch.testing.assert_close(out[0], out[1], rtol=0, atol=0)
+    if sigma == 0.0:  # the same projected sums, the same projected Adam, the rows of each shard mapped back
+        torch.testing.assert_close(out[0], _grape_step(_model(), sigma, _batch()), rtol=1e-5, atol=1e-6)
+    else:
+        assert any(not torch.equal(out[0][name], p) for name, p in _model().named_parameters())
+
+
 STEPS = 12
 ARGS = [f"max_steps={STEPS}", "batch_size=400", "privacy.epsilon=4", "trainer.checkpoint_every_n_steps=2",
         "trainer.devices=2", "trainer.strategy=fsdp", "trainer.accelerator=cpu", *FAST]
@@ -132,6 +175,16 @@ def test_a_sharded_run_killed_mid_training_resumes_to_the_uninterrupted_steps_an
     assert got["epsilon"] == pytest.approx(expected["epsilon"], rel=1e-9)
     ledger = json.loads((run_dir / "privacy_ledger.json").read_text())
     assert ledger == json.loads((tmp_path / "reference" / "privacy_ledger.json").read_text())
+
+
+def test_a_sharded_grape_run_resumes_with_its_projected_moments(tmp_path):
+    grape = ["privatizer=grape", "privatizer.rank=4", "optimizer=adam", *ARGS[1:], f"hydra.run.dir={tmp_path}"]
+    first = dpbench("max_steps=4", *grape, fresh_interpreter=True, timeout=600)
+    assert first.returncode == 0, first.stderr[-3000:]
+    extended = dpbench("max_steps=6", "resume=true", "extend_run=true", *grape, fresh_interpreter=True, timeout=600)
+    assert extended.returncode == 0, extended.stderr[-3000:]
+    record = results(tmp_path)
+    assert record["steps"] == 6 and record["resumed_from_step"] == 4 and record["method"].startswith("DP-GRAPE")
 
 
 def test_a_privatizer_that_cannot_shard_is_refused_in_one_line(tmp_path):
