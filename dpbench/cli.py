@@ -46,9 +46,9 @@ def _objective(cfg: DictConfig) -> float | None:
 def _redact_privacy_seed(hydra_config: DictConfig) -> None:
     """Before anything else runs: the seed out of Hydra's saved configs (the job's, the sweep's) and out of argv,
     which W&B records (a multirun's fresh job process inherits it), however the command line spelled it."""
-    from dpbench.core.redaction import redact_overrides, redact_saved_configs
+    from dpbench.core.redaction import argv_without_seed, redact_saved_configs
 
-    sys.argv[:] = redact_overrides(sys.argv)
+    sys.argv[:] = argv_without_seed(sys.argv)
     if hydra_config.output_subdir is not None:
         redact_saved_configs(Path(hydra_config.runtime.output_dir) / hydra_config.output_subdir)
     if hydra_config.mode == RunMode.MULTIRUN:

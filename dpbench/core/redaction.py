@@ -4,7 +4,9 @@ However it is spelled (`privacy.seed=N`, `+privacy.seed=N`, `++privacy.seed=N`, 
 `privacy.seed=1,2,3` on the command line or in `hydra.sweeper.params`), an override that can set the seed has its
 value replaced whole. results.json, W&B and the CSV get the config with the seed replaced; Hydra's saved configs of
 the run and of the sweep (`config.yaml`, `overrides.yaml`, `hydra.yaml`'s task overrides, `override_dirname` and
-sweeper params, `multirun.yaml`), refused.json and the process's own argv (which W&B records) are redacted. What
+sweeper params, `multirun.yaml`) and refused.json are redacted; the process's own argv (which W&B records, and from
+which Lightning starts the other ranks of a multi-device run) gets `privacy.seed=null`, which parses: those ranks
+then take rank 0's secret root by broadcast (DPModule.setup). What
 dpbench cannot reach stays the user's to guard: the command line itself (shell history, a multirun's job lines on
 the console) and a run directory named after it (`hydra.job.override_dirname` in `hydra.run.dir` or
 `hydra.sweep.subdir`).
@@ -52,6 +54,23 @@ def redact_override(override: str) -> str:
 
 def redact_overrides(overrides: Iterable[str]) -> list[str]:
     return [redact_override(str(override)) for override in overrides]
+
+
+SEED_VALUE = re.compile(r"(\bseed\s*:\s*)[^,}\]]+")
+NULL_SEED = r"\1null"
+
+
+def argv_without_seed(argv: Iterable[str]) -> list[str]:
+    """The command line with every seed it sets replaced by null: parsable by a rank Lightning starts from it."""
+    def neutral(argument: str) -> str:
+        if not sets_privacy_seed(argument):
+            return argument
+        key, _, value = argument.partition("=")
+        if _override_key(argument) == SEED_KEY:
+            return f"{key}=null"
+        return f"{key}={SEED_VALUE.sub(NULL_SEED, value)}"
+
+    return [neutral(str(argument)) for argument in argv]
 
 
 def redact_value(text: str, seed: Any) -> str:

@@ -1,5 +1,6 @@
 """Data parallelism on CPU (gloo, 2 processes): the privatized update has the 1-process distribution."""
 
+import json
 import socket
 
 import pytest
@@ -109,3 +110,18 @@ def test_the_cli_trains_under_lightning_ddp_and_accounts_each_step_once(tmp_path
     composed = [(SubsampledGaussian(out["sampling_rate"], out["noise_multiplier"]), 4)]
     assert out["epsilon"] == pytest.approx(PrivacyAccountant().epsilon(composed, 1e-5).epsilon, rel=1e-6)
     assert out["epsilon"] <= 3.0 and 0.0 <= out["test_accuracy"] <= 1.0
+
+
+def test_an_explicit_privacy_seed_reaches_every_rank_lightning_relaunches(tmp_path):
+    """Lightning starts ranks 1.. by re-running the redacted command line: its seed override must still parse there,
+    and those ranks take rank 0's root (broadcast at setup), so two runs with one seed draw the same batches and
+    noise."""
+    from tests.helpers.cli import FAST, dpbench, results
+
+    args = ["trainer.strategy=ddp", "trainer.devices=2", "trainer.accelerator=cpu", "max_steps=3", "privacy.seed=7",
+            "trainer.checkpoint=false", *FAST]
+    runs = [dpbench(*args, f"hydra.run.dir={tmp_path / name}", fresh_interpreter=True) for name in ("a", "b")]
+    assert all(run.returncode == 0 for run in runs), runs[0].stderr[-3000:]
+    first, second = results(tmp_path / "a"), results(tmp_path / "b")
+    assert first["test_accuracy"] == second["test_accuracy"] and first["test_loss"] == second["test_loss"]
+    assert "7" not in json.dumps(first["config"]["privacy"]["seed"])
