@@ -4,8 +4,10 @@ max_batch: for each privatizer, the largest batch that trains under the memory c
 `python -m dpbench.report`) and prints a table.
 frontier: the same search plus each method's peak memory and samples/s at its largest batch and at a fixed batch
 (--batch), a method that does not fit at batch 1 marked out of memory; writes frontier.json and frontier.png (peak
-memory against batch, cap drawn), e.g.
+memory against batch, cap drawn); trainer.precision=bf16-mixed measures at bf16; NAME@N shards a method over N ranks
+(FSDP2; its peak is the largest rank's), e.g.
   python -m dpbench.capacity frontier model=opt model.size=1.3b data=rotten_tomatoes data.max_length=32 --cap-gb 20
+  python -m dpbench.capacity frontier model=opt ... --privatizers grape,vanilla@4 --cap-gb 80
 """
 
 from __future__ import annotations
@@ -41,7 +43,8 @@ def _parser() -> argparse.ArgumentParser:
     cap.add_argument("--cap-gb", type=float, help="memory cap in GiB")
     parser.add_argument("--privatizers", default=None,
                         help=f"comma-separated privatizer configs (max_batch: nonprivate,vanilla; frontier: "
-                             f"{FRONTIER_PRIVATIZERS})")
+                             f"{FRONTIER_PRIVATIZERS}); frontier: NAME@N shards NAME over N ranks "
+                             "(trainer.strategy=fsdp), e.g. grape,vanilla@4")
     parser.add_argument("--start", type=int, default=8, help="max_batch: the first batch tried")
     parser.add_argument("--batch", type=int, default=4, help="frontier: the fixed batch, also the first tried")
     parser.add_argument("--limit", type=int, default=1 << 16, help="largest batch tried")
@@ -153,7 +156,8 @@ def frontier_table(rows: list[FrontierRow], cap_mb: float, device_name: str, wal
     for row in rows:
         batch = ("refused" if row.refused else "OOM at 1" if row.out_of_memory_at_1
                  else str(row.max_batch_size))
-        lines.append(f"| {row.privatizer} | {batch} | {_mb(row.peak_at_max_mb)} | {_rate(row.samples_per_s_at_max)} "
+        name = f"{row.privatizer} (FSDP2 over {row.devices}, largest rank)" if row.devices > 1 else row.privatizer
+        lines.append(f"| {name} | {batch} | {_mb(row.peak_at_max_mb)} | {_rate(row.samples_per_s_at_max)} "
                      f"| {_mb(row.peak_at_fixed_mb)} | {_rate(row.samples_per_s_at_fixed)} "
                      f"| {_mb(row.interpreter_rss_mb)} | {row.note} |")
     return "\n".join(lines)

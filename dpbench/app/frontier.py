@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
+from functools import partial
 
 from dpbench.app.max_batch import MEMORY_FIELDS, MaxBatchResult, Trial, find_max_batch
+from dpbench.app.sharded_trial import run_sharded_trial, sharded_spec
 
 FRONTIER_FIELDS = {
     **MEMORY_FIELDS,
@@ -39,6 +41,9 @@ class FrontierRow:
     refused: bool = False
     """The method refused the model or setting (the note says why): nothing was measured."""
     trials: list[Trial] = field(default_factory=list)
+    devices: int = 1
+    """Ranks the method was sharded over (FSDP2; `name@N` in --privatizers), each on its own device: its peaks are
+    the largest rank's."""
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -52,9 +57,12 @@ def frontier_row(
     privatizer: str, overrides: list[str], cap_mb: float, fixed_batch: int, limit: int, resolution: float, steps: int,
     on_trial: Callable[[MaxBatchResult], None] | None = None,
 ) -> FrontierRow:
-    """The search starts at the fixed batch, so its trial is also the fixed-batch measurement."""
-    result = find_max_batch([*overrides, f"privatizer={privatizer}"], cap_mb, start=fixed_batch, limit=limit,
-                            resolution=resolution, steps=steps, model_may_not_fit=True, on_trial=on_trial)
+    """The search starts at the fixed batch, so its trial is also the fixed-batch measurement. `privatizer` may name
+    ranks to shard over: `vanilla@4` (its trials are sharded runs: sharded_trial.py)."""
+    name, devices = sharded_spec(privatizer)
+    sharded = partial(_sharded, devices=devices) if devices > 1 else None
+    result = find_max_batch([*overrides, f"privatizer={name}"], cap_mb, start=fixed_batch, limit=limit,
+                            resolution=resolution, steps=steps, model_may_not_fit=True, on_trial=on_trial, run=sharded)
     at_max = _fitting(result.trials, result.max_batch_size)
     at_fixed = _fitting(result.trials, fixed_batch)
     interpreter = next((t.interpreter_rss_mb for t in result.trials if t.interpreter_rss_mb is not None), None)
@@ -62,13 +70,18 @@ def frontier_row(
     if at_fixed is None and result.max_batch_size > 0:
         note = f"batch {fixed_batch} does not fit under {cap_mb:g} MB"
     return FrontierRow(
-        privatizer, result.device, result.max_batch_size,
+        name, result.device, result.max_batch_size,
         at_max.peak_mb if at_max else None, at_max.samples_per_s if at_max else None,
         fixed_batch, at_fixed.peak_mb if at_fixed else None, at_fixed.samples_per_s if at_fixed else None,
-        interpreter, result.max_batch_size == 0, note, trials=result.trials,
+        interpreter, result.max_batch_size == 0, note, trials=result.trials, devices=devices,
     )
 
 
+def _sharded(overrides: list[str], batch_size: int, cap_mb: float, steps: int, device: str, devices: int) -> Trial:
+    return run_sharded_trial(overrides, batch_size, cap_mb, steps, devices)
+
+
 def refused_row(privatizer: str, device: str, fixed_batch: int, reason: str) -> FrontierRow:
-    return FrontierRow(privatizer, device, 0, None, None, fixed_batch, None, None, None, False, note=reason,
-                       refused=True)
+    name, devices = sharded_spec(privatizer)
+    return FrontierRow(name, device, 0, None, None, fixed_batch, None, None, None, False, note=reason, refused=True,
+                       devices=devices)

@@ -66,8 +66,10 @@ def plot_frontier(rows: list[FrontierRow], cap_mb: float, title: str, path: Path
         failed = sorted(t.batch_size for t in row.trials if not t.fits)
         status = " (refused)" if row.refused else " (OOM at batch 1)" if row.out_of_memory_at_1 else ""
         style = style_of(_method(row.privatizer, optimizer))
+        sharded = f" (FSDP2 over {row.devices}, per rank)" if row.devices > 1 else ""
         axes.plot([b for b, _ in fitted], [m / 1024 for _, m in fitted], marker=style.marker, color=style.colour,
-                  label=preset_label(row.privatizer, optimizer) + status)
+                  linestyle="--" if row.devices > 1 else "-",
+                  label=preset_label(row.privatizer, optimizer) + sharded + status)
         if failed:
             axes.plot([failed[0]], [cap_mb / 1024], marker="x", markersize=9, color=style.colour, linestyle="none")
     axes.axhline(cap_mb / 1024, color="black", linestyle="--", linewidth=1, label=f"cap {cap_mb / 1024:g} GiB")

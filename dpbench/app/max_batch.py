@@ -316,11 +316,13 @@ def most_trials(start: int, limit: int, resolution: float) -> int:
 def find_max_batch(
     overrides: list[str], cap_mb: float, start: int = 8, limit: int = 1 << 16, resolution: float = 0.05,
     steps: int = 2, model_may_not_fit: bool = False, on_trial: Callable[[MaxBatchResult], None] | None = None,
+    run: Callable[[list[str], int, float, int, str], Trial] | None = None,
 ) -> MaxBatchResult:
     """Double from `start` until a trial fails, then bisect to within `resolution` (relative); below `start` when
     even it fails. Raises ConfigurationError when the cap is below what the process needs before any step, unless
     `model_may_not_fit` (the frontier) and the cap is above the interpreter's own footprint: then a model that does
-    not fit before its first step is out of memory at batch 1, which the result says."""
+    not fit before its first step is out of memory at batch 1, which the result says. `run` (overrides, batch,
+    cap, steps, device) -> Trial replaces the one-process trial (the frontier's sharded runs)."""
     device = trial_device(overrides)
     result = MaxBatchResult(list(overrides), cap_mb, device, 0, cap_applies_to(device))
     available = available_mb()
@@ -329,7 +331,7 @@ def find_max_batch(
                     "system before it reaches the cap (recorded as such)", cap_mb, available)
 
     def fits(batch_size: int) -> bool:
-        trial = run_trial(overrides, batch_size, cap_mb, steps=steps, device=device)
+        trial = (run or _one_process_trial)(overrides, batch_size, cap_mb, steps, device)
         result.trials.append(trial)
         measured = f", peak {trial.process_peak_mb:.0f} MB" if trial.process_peak_mb is not None else ""
         if trial.working_set_mb is not None:
@@ -370,6 +372,10 @@ def find_max_batch(
     if low == 0:
         result.note = f"out of memory at batch 1 under {cap_mb:g} MB ({result.trials[-1].reason})"
     return result
+
+
+def _one_process_trial(overrides: list[str], batch_size: int, cap_mb: float, steps: int, device: str) -> Trial:
+    return run_trial(overrides, batch_size, cap_mb, steps=steps, device=device)
 
 
 def _above_interpreter(trial: Trial, cap_mb: float, device: str) -> bool:

@@ -474,6 +474,7 @@ def _results(cfg: DictConfig, prepared: PreparedRun, ledger: PrivacyLedger, sess
         step_time_s=profiler.summary().get("profile/step_time_s"),
         peak_memory_mb=(sum(profiler.rank_peaks_mb) if profiler.rank_peaks_mb else profiler.peak_mb),
         rank_peak_memory_mb=profiler.rank_peaks_mb,
+        rank_memory_at_start_mb=profiler.rank_starts_mb,
         resident_peak_mb=memory.peak_mb if memory and memory.device.type == "cpu" else None,
         max_memory_reserved_mb=memory.max_memory_reserved_mb if memory else None,
         max_memory_allocated_mb=memory.max_memory_allocated_mb if memory else None,

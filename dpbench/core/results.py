@@ -105,6 +105,7 @@ class RunResults:
     step_time_s: float | None
     peak_memory_mb: float | None
     rank_peak_memory_mb: list[float] | None
+    rank_memory_at_start_mb: list[float] | None
     resident_peak_mb: float | None
     max_memory_reserved_mb: float | None
     max_memory_allocated_mb: float | None

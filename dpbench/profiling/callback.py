@@ -93,6 +93,9 @@ class ProfilerCallback(L.Callback):
         self._reading: PeakInUse | None = None
         self.rank_peaks_mb: list[float] | None = None
         """Each rank's peak in a process group (None for one process)."""
+        self.rank_starts_mb: list[float] | None = None
+        """CPU: each rank's malloc bytes in use at training's start, which its peak is above (zeros on CUDA, whose
+        peaks are the reserved pool's whole size): with rank_peaks_mb, each rank's whole working set."""
         self._faults_at_start = 0
 
     def _sync(self, pl_module: L.LightningModule) -> None:
@@ -155,9 +158,11 @@ class ProfilerCallback(L.Callback):
         if self.memory is not None:
             self.memory.stop()
             if trainer.world_size > 1:  # every rank's peak: the group's is their sum
-                mine = torch.tensor([self.peak_mb or 0.0], dtype=torch.float64, device=pl_module.device)
-                gathered = trainer.strategy.all_gather(mine)
-                self.rank_peaks_mb = [float(peak) for peak in gathered.reshape(-1).cpu()]
+                start = (self._in_use_at_start or 0) / 2**20 if pl_module.device.type == "cpu" else 0.0
+                mine = torch.tensor([self.peak_mb or 0.0, start], dtype=torch.float64, device=pl_module.device)
+                gathered = trainer.strategy.all_gather(mine).reshape(-1, 2).cpu()
+                self.rank_peaks_mb = [float(peak) for peak in gathered[:, 0]]
+                self.rank_starts_mb = [float(start) for start in gathered[:, 1]]
         for logger in trainer.loggers:
             logger.log_metrics(self.summary(), step=trainer.global_step)
 

@@ -103,3 +103,18 @@ def test_a_trial_killed_by_the_system_is_a_recorded_failure_not_a_crash(monkeypa
     trial = max_batch.run_trial(["privatizer=vanilla"], 4, cap_mb=20480.0, device="cpu")
     assert not trial.fits and trial.stage == "setup" and trial.reason.startswith("killed by the system")
     assert trial.interpreter_rss_mb == 400.0
+
+
+def test_a_sharded_method_is_measured_by_its_largest_ranks_whole_working_set():
+    """`vanilla@2`: each trial is a real 2-rank FSDP2 run; its peak is the largest rank's bytes in use above
+    training's start plus what it held then, the same basis as a one-process trial's working set (interpreter,
+    data and model included), so the two rows of one frontier compare."""
+    one = frontier_row("vanilla", TINY, 4096, 8, 8, 1.0, 3)
+    sharded = frontier_row("vanilla@2", TINY, 4096, 8, 8, 1.0, 3)
+    assert sharded.privatizer == "vanilla" and sharded.devices == 2 and one.devices == 1
+    assert sharded.max_batch_size == 8 and sharded.samples_per_s_at_fixed > 0
+    assert 0.5 * one.peak_at_fixed_mb < sharded.peak_at_fixed_mb < 2 * one.peak_at_fixed_mb
+    tight = frontier_row("vanilla@2", TINY, 0.8 * sharded.peak_at_fixed_mb, 1, 1, 1.0, 3)  # one trial, batch 1
+    assert tight.out_of_memory_at_1 and "largest rank's peak" in tight.trials[-1].reason
+    with pytest.raises(ConfigurationError, match="vanilla@4"):
+        frontier_row("vanilla@x", TINY, 4096, 8, 8, 1.0, 3)
