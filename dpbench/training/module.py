@@ -61,7 +61,7 @@ class DPModule(L.LightningModule):
     def configure_model(self) -> None:
         """Under trainer.strategy=fsdp: shard the model over the data-parallel mesh, and attach the strategy again to
         the sharded parameters (fully_shard replaces every parameter by a DTensor)."""
-        mesh = self._device_mesh
+        mesh = self.device_mesh
         if mesh is None or sharded_model(self.model):
             return
         if not self.strategy.supports_sharding:
