@@ -38,6 +38,35 @@ SECTION_TITLE = "## Claims at scale"
 PAPER_DEFAULT = "Figure 3: DP-GRAPE's peak memory well under DP-Adam's at every batch (values only in the plot)"
 
 
+def _single_device(record: dict) -> dict[str, dict]:
+    """The rows run on one device, by privatizer (sharded rows are compared on their own: `_sharded_comparisons`)."""
+    return {row["privatizer"]: row for row in record["rows"] if row.get("devices", 1) == 1}
+
+
+def _label(row: dict, optimizer: str) -> str:
+    devices = row.get("devices", 1)
+    return preset_label(row["privatizer"], optimizer) + (f" sharded over {devices} (FSDP2, per rank)"
+                                                          if devices > 1 else "")
+
+
+def _sharded_comparisons(record: dict, grape: dict, optimizer: str) -> list[str]:
+    """DP-GRAPE on one device against each method sharded over N (its largest rank): whole peaks, interpreter
+    included on CPU (a sharded trial's interpreter is not read apart), as what must fit one device."""
+    found = []
+    for row in record["rows"]:
+        if row.get("devices", 1) == 1:
+            continue
+        label, batch = _label(row, optimizer), record["fixed_batch"]
+        if grape.get("peak_at_fixed_mb") and row.get("peak_at_fixed_mb"):
+            found.append(f"DP-GRAPE on one device against {label}: at batch {batch}, "
+                         f"{grape['peak_at_fixed_mb']:,.0f} MB against {row['peak_at_fixed_mb']:,.0f} MB per rank "
+                         f"({grape['peak_at_fixed_mb'] / row['peak_at_fixed_mb']:.2f}x; whole peaks"
+                         f"{', interpreter included' if record['device'] == 'cpu' else ''}).")
+        else:
+            found.append(f"{label}: not measured at batch {batch} ({row.get('note') or 'does not fit'}).")
+    return found
+
+
 def _override(overrides: list[str], key: str) -> str | None:
     return next((o.split("=", 1)[1] for o in overrides if o.startswith(f"{key}=")), None)
 
@@ -73,7 +102,7 @@ def _mb(value: float | None) -> str:
 
 def grape_verdict(record: dict, parameters: int | None, optimizer: str) -> str:
     """One sentence: DP-GRAPE's memory at the fixed batch against both DP-Adam baselines, with the verdict."""
-    rows = {row["privatizer"]: row for row in record["rows"]}
+    rows = _single_device(record)
     names = {name: preset_label(name, optimizer) for name in rows}
     device, batch = record["device"], record["fixed_batch"]
     grape = _saved_mb(rows["grape"], device) if "grape" in rows else None
@@ -118,7 +147,7 @@ def _judged(ratio: float | None, limit: float) -> str:
 
 def jl_verdicts(record: dict, optimizer: str) -> list[str]:
     """Per JL row: its step time against both exact DP baselines and its peak against non-private's."""
-    rows = {row["privatizer"]: row for row in record["rows"]}
+    rows = _single_device(record)
     device, batch = record["device"], record["fixed_batch"]
     materialized, vanilla, nonprivate = rows.get("materialized"), rows.get("vanilla"), rows.get("nonprivate")
     sentences = []
@@ -148,7 +177,7 @@ def jl_verdicts(record: dict, optimizer: str) -> list[str]:
 
 def sparse_verdict(record: dict, optimizer: str) -> str:
     """Sparse's step time and peak against DP-SGD's (the vanilla row), at the fixed batch."""
-    rows = {row["privatizer"]: row for row in record["rows"]}
+    rows = _single_device(record)
     device, batch = record["device"], record["fixed_batch"]
     sparse, base = rows["sparse"], rows.get("vanilla")
     label, base_label = preset_label("sparse", optimizer), preset_label("vanilla", optimizer)
@@ -168,8 +197,11 @@ def sparse_verdict(record: dict, optimizer: str) -> str:
 
 def verdicts(record: dict, parameters: int | None, optimizer: str) -> list[str]:
     """The claims a record can judge, by the methods it measured."""
-    privatizers = {row["privatizer"] for row in record["rows"]}
+    single = _single_device(record)
+    privatizers = set(single)
     found = [grape_verdict(record, parameters, optimizer)] if "grape" in privatizers else []
+    if "grape" in privatizers:
+        found += _sharded_comparisons(record, single["grape"], optimizer)
     found += jl_verdicts(record, optimizer)
     if "sparse" in privatizers:
         found.append(sparse_verdict(record, optimizer))
@@ -198,7 +230,7 @@ def _record_lines(record: dict, name: str) -> list[str]:
              "|---|---|---|---|---|---|"]
     for row in record["rows"]:
         rate = row["samples_per_s_at_fixed"]
-        lines.append(f"| {preset_label(row['privatizer'], optimizer)} | {_batch(row)} "
+        lines.append(f"| {_label(row, optimizer)} | {_batch(row)} "
                      f"| {_mb(row['peak_at_fixed_mb'])} | {f'{rate:.2f}' if rate else '-'} "
                      f"| {_mb(row['peak_at_max_mb'])} | {row['note'][:160]} |")
     lines += ["", *(f"- {sentence}" for sentence in verdicts(record, parameters, optimizer)), "",

@@ -113,3 +113,17 @@ def test_sparse_is_judged_on_step_time_and_memory_against_dp_sgd(tmp_path, spars
     assert f"{(sparse_peak - INTERPRETER) / 600.0:.2f}x DP-SGD (ghost norms)'s 600 MB" in sentence
     assert sentence.endswith(f": {verdict}.")
     assert "### word2vec, vocabulary 20,000" in text and "DP-GRAPE's memory claim" not in text
+
+
+def test_dp_grape_on_one_device_is_set_against_dp_adam_sharded_over_n(tmp_path):
+    """A frontier with `vanilla@4` (FSDP2 over 4 ranks): its row is kept apart from one-device DP-Adam (not its
+    baseline), named as sharded, and DP-GRAPE is set against its largest rank's whole peak."""
+    parameters = 2 * REGIME_PARAMETERS
+    sharded = row("vanilla", 2000.0, parameters)
+    sharded.devices = 4
+    text = write(tmp_path, [row("vanilla", 5400.0, parameters), sharded, row("grape", 1400.0, parameters)])
+    claim = next(line for line in text.splitlines() if line.startswith("- DP-GRAPE's memory claim"))
+    assert f"{(1400.0 - INTERPRETER) / (5400.0 - INTERPRETER):.2f}x DP-Adam (ghost norms)'s" in claim
+    versus = next(line for line in text.splitlines() if line.startswith("- DP-GRAPE on one device against"))
+    assert "DP-Adam (ghost norms) sharded over 4 (FSDP2, per rank)" in versus and f"{1400 / 2000:.2f}x" in versus
+    assert "| DP-Adam (ghost norms) sharded over 4 (FSDP2, per rank) | 4 " in text
