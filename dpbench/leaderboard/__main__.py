@@ -44,8 +44,17 @@ def _stop(signum: int, frame: object) -> None:
 
 NOTE = ("Note: each run's epsilon does not count the tuning trials; selecting hyperparameters on private data "
         "spends privacy that the leaderboard does not include (--private-tuning tunes privately and reports it).")
+TOTAL_NOTE = ("Note: each private cell's budget is a total: its tuning trials, their noisy validation scores and its "
+              "final runs spend it together, each run's noise calibrated so (per-run epsilon beside it).")
 PRIVATE_NOTE = ("Private tuning: each private method's epsilon with its tuning is reported beside its per-run epsilon; "
                 "the non-private baseline is tuned on the grid.")
+
+
+def _note(suite: Suite, tuning: PrivateTuning | None) -> str:
+    """What the run's epsilons count: private tuning's own figures, a total, or each run alone."""
+    if tuning:
+        return PRIVATE_NOTE
+    return TOTAL_NOTE if suite.total else NOTE
 
 
 def parse(argv: list[str] | None) -> argparse.Namespace:
@@ -184,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     except ConfigurationError as error:
         print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
         return 2
-    print(f"wrote {path}\n{PRIVATE_NOTE if tuning else NOTE}")
+    print(f"wrote {path}\n{_note(suite, tuning)}")
     return 0
 
 
@@ -205,7 +214,7 @@ def _dry_run(suite: Suite, root: Path, jobs: int, tuning: PrivateTuning | None) 
 def _run_cells(suite: Suite, root: Path, args: argparse.Namespace, parameters: dict, tuning: PrivateTuning | None,
                command: list[str]) -> int | None:
     """Run the suite's remaining cells; the exit code when a signal stopped it, else None."""
-    print(PRIVATE_NOTE if tuning else NOTE, flush=True)
+    print(_note(suite, tuning), flush=True)
     started, clock = datetime.now(timezone.utc), time.perf_counter()
     previous = signal.signal(signal.SIGTERM, _stop)
     try:

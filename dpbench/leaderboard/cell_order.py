@@ -1,27 +1,33 @@
 """Which cells the suite runs, in which order: tuning trials, the choice, then seeds at every budget.
 
-Fairness: every method searches the same grid over (learning rate, clip norm) on the task's log-scale ranges,
-growing it past an edge until its best point is interior or the profile's limit is reached (grid.py), on a
-validation split carved from the training data, with the profile's tuning seed (no evaluation seed), at each budget
-(or once at tune_epsilon where the profile says so). The best point by validation metric (ties: the smaller learning
-rate, then the smaller clip norm; grid.TIE_RULE) is the one every evaluation seed of that budget trains with.
+Fairness: every method runs the same number of trials, the first K points of the same grid over (learning rate, clip
+norm) in a fixed shuffled order (grid.trial_points), on a validation split carved from the training data, with the
+profile's tuning seed (no evaluation seed), at each budget (or once at tune_epsilon where the profile says so). A
+per-run smoke profile may instead grow its grid past an edge (max_growth > 1): not a headline protocol, since the
+methods' trial counts then differ. The best point by validation metric (ties: the smaller learning rate, then the
+smaller clip norm; grid.TIE_RULE) is the one every evaluation seed of that budget trains with. Under a total budget
+(total_budget.py) every private cell's noise is calibrated so that the trials, their noisy scores and the final runs
+together spend the budget, and the choice is made on the released noisy scores.
 """
 
 from __future__ import annotations
 
 import logging
+import zlib
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
 from typing import Any
 
 from dpbench.core.errors import ConfigurationError
-from dpbench.leaderboard.cells import Cell, read_outcome, recorded, run_cell
-from dpbench.leaderboard.grid import best_trial
+from dpbench.leaderboard.cells import Cell, read_outcome, record_refusal, recorded, run_cell
+from dpbench.leaderboard.grid import best_trial, trial_points
 from dpbench.leaderboard.launch import DEFAULT_LAUNCHER, RUNNING, Stopped
-from dpbench.leaderboard.private_selection import PrivateSelector
+from dpbench.leaderboard.private_selection import PrivateSelector, suite_randomness
 from dpbench.leaderboard.private_tuning import PrivateTuning
 from dpbench.leaderboard.suite import Method, Suite, Task, Variant
+from dpbench.leaderboard.total_budget import TotalBudget, budget_path, calibrate_budget, read_budget, write_budget
 from dpbench.leaderboard.trial_cells import cell_for, start_grid, trial_cell
+from dpbench.privacy.tuning_draws import noisy_score
 
 log = logging.getLogger(__name__)
 
@@ -42,6 +48,13 @@ def choose(cells: list[Cell], root: Path) -> Cell | None:
 
 REFUSED, UNFINISHED = "refused", "unfinished"
 """What tuning a variant gave instead of a chosen trial."""
+FIXED_COUNT_SCORES = 2
+"""First index of the secret `tuning` stream's keys for a total budget's noisy scores (tuning_draws uses 0 and 1)."""
+
+
+def _score_key(task: Task, variant: Variant, epsilon: float) -> int:
+    """A stable index for one variant's scores at one budget: a resumed suite releases the same noisy scores."""
+    return zlib.crc32(f"{task.name}/{variant.name}/{epsilon:g}".encode())
 
 
 class Scheduler:
@@ -57,6 +70,9 @@ class Scheduler:
         self.suite, self.root, self.env, self.dry_run = suite, Path(root), env, dry_run
         self.launcher, self.parameters, self.jobs = launcher, parameters, jobs
         self.selector = PrivateSelector(suite, root, private_tuning) if private_tuning else None
+        self.total = suite.total and self.selector is None
+        """Calibrate each private cell's noise to the budget as a total (private tuning accounts its own)."""
+        self.budgets: dict[tuple[str, str, float, int], TotalBudget] = {}
         self.planned: list[Cell] = []
 
     def _run(self, cell: Cell) -> str:
@@ -98,7 +114,7 @@ class Scheduler:
 
     def _select_privately(self, task: Task, method: Method, variant: Variant, epsilon: float) -> Cell | str:
         """K secret trials over the grid's points, the best noisy score kept; its selection record written."""
-        count = self.selector.trials(task, variant, epsilon)
+        count = self.selector.trials(task, epsilon)
         points = self.selector.order(start_grid(self.suite, task, method).points())
         cells = []
         for k in range(count):
@@ -121,6 +137,8 @@ class Scheduler:
         UNFINISHED (no trial finished with a finite metric). The grid grows while its best point is on an edge."""
         if self.selector is not None and epsilon is not None:
             return self._select_privately(task, method, variant, epsilon)
+        if not self.suite.tuning.grows:
+            return self._fixed_trials(task, method, variant, epsilon)
         grid = start_grid(self.suite, task, method)
         cells: dict[tuple[float, float | None], Cell] = {}
         while True:
@@ -143,6 +161,79 @@ class Scheduler:
                     log.info("%s %s: the best trial lies on the grid's edge (%s)", task.name, variant.name,
                              ", ".join(grid.limited))
                 return best
+
+    def _fixed_trials(self, task: Task, method: Method, variant: Variant, epsilon: float | None) -> Cell | str:
+        """The profile's K trials, the same points for every method; under a total budget at the calibrated noise,
+        chosen on their released noisy scores."""
+        budget = self._budget(task, method, variant, epsilon, self.suite.trials)
+        points = trial_points(start_grid(self.suite, task, method).points(), self.suite.trials)
+        sigma = None if budget is None else budget.noise_multiplier
+        cells = [trial_cell(self.suite, task, method, variant, epsilon, k, lr, clip, sigma)
+                 for k, (lr, clip) in enumerate(points)]
+        if budget is not None and budget.reason is not None:
+            self._refuse(cells[0], budget.reason)
+            return REFUSED
+        for cell in cells:
+            if self._run(cell) == "refused" and cell.trial == 0:
+                return REFUSED
+        if self.dry_run:
+            ran = [cell for cell in cells if recorded(cell, self.root)]
+            return choose(ran, self.root) or cells[0]
+        if budget is None or not budget.scored:
+            return choose(cells, self.root) or UNFINISHED
+        return self._choose_noisily(task, variant, epsilon, cells, budget)
+
+    def _choose_noisily(self, task: Task, variant: Variant, epsilon: float, cells: list[Cell],
+                        budget: TotalBudget) -> Cell | str:
+        """The trial with the best released score (its validation accuracy plus the accounted Gaussian noise; a
+        finished trial without a finite accuracy scores 0), recorded with the calibration for the report."""
+        randomness = suite_randomness(self.root)
+        released, by_point = [], {}
+        for cell in cells:
+            outcome = read_outcome(cell.directory(self.root))
+            if outcome is None or outcome.results is None:
+                continue
+            score = noisy_score(randomness, outcome.value("validation") or 0.0,
+                                int(outcome.results["validation_size"]), budget.score_noise_multiplier, cell.trial,
+                                FIXED_COUNT_SCORES, _score_key(task, variant, epsilon))
+            released.append([cell.trial, cell.lr, cell.clip_norm, score])
+            by_point[(cell.lr, cell.clip_norm)] = cell
+        write_budget(budget_path(self.root, task.name, variant.name, epsilon), budget.with_scores(released))
+        best = best_trial([(lr, clip, score) for _, lr, clip, score in released], maximize=True)
+        return UNFINISHED if best is None else by_point[best[:2]]
+
+    def _budget(self, task: Task, method: Method, variant: Variant, epsilon: float | None,
+                trials: int) -> TotalBudget | None:
+        """The variant's calibration to the total budget `epsilon` over `trials` trials and one final run per
+        seed (None: budgets are per run here, or the method is not private); a recorded one is reused when it
+        was calibrated for the same runs."""
+        if not self.total or epsilon is None or not method.private or task.noise_multiplier is not None:
+            return None
+        key = (task.name, variant.name, epsilon, trials)
+        if key not in self.budgets:
+            lr, clip = start_grid(self.suite, task, method).points()[0]  # neither changes sigma, q or the steps
+            trial = trial_cell(self.suite, task, method, variant, epsilon, 0, lr, clip, 1.0)
+            final = cell_for(self.suite, task, method, variant, "test", epsilon, self.suite.seeds[0], None, lr, clip,
+                             1.0)
+            problem = TotalBudget(epsilon, task.delta, trials, len(self.suite.seeds), self.suite.tuning.score_noise,
+                                  [trial.overrides, final.overrides])
+            path = budget_path(self.root, task.name, variant.name, epsilon)
+            earlier = read_budget(path)
+            if earlier is not None and earlier.matches(problem):
+                self.budgets[key] = earlier
+            else:
+                self.budgets[key] = self._calibrate(problem)
+                if not self.dry_run:
+                    write_budget(path, self.budgets[key])
+        return self.budgets[key]
+
+    def _calibrate(self, problem: TotalBudget) -> TotalBudget:
+        return calibrate_budget(problem)
+
+    def _refuse(self, cell: Cell, reason: str) -> None:
+        self.planned.append(cell)
+        if not self.dry_run:
+            record_refusal(cell, self.root, reason)
 
     def run_method(self, task: Task, method: Method) -> None:
         """Each variant shown is tuned with the same grid before its test runs (a ladder's rungs differ too much
@@ -174,10 +265,16 @@ class Scheduler:
                     break
 
     def _seeds(self, task: Task, method: Method, variant: Variant, epsilon: float | None, lr: float,
-               clip: float | None) -> bool:
-        """Every seed's test cell at this point; False (and no other seed run) when the first is refused."""
-        cells = [cell_for(self.suite, task, method, variant, "test", epsilon, seed, None, lr, clip)
+               clip: float | None, trials: int | None = None) -> bool:
+        """Every seed's test cell at this point (under a total budget at the noise calibrated for `trials` trials,
+        the profile's unless given); False (and no other seed run) when the first is refused."""
+        budget = self._budget(task, method, variant, epsilon, self.suite.trials if trials is None else trials)
+        sigma = None if budget is None else budget.noise_multiplier
+        cells = [cell_for(self.suite, task, method, variant, "test", epsilon, seed, None, lr, clip, sigma)
                  for seed in self.suite.seeds]
+        if budget is not None and budget.reason is not None:
+            self._refuse(cells[0], budget.reason)
+            return False
         if self._run(cells[0]) == "refused":
             return False
         for cell in cells[1:]:
@@ -196,5 +293,5 @@ class Scheduler:
             budgets = (self.suite.tune_epsilon,)
         for epsilon in budgets if method.private else [None]:
             for variant in method.variants():
-                if self._seeds(task, method, variant, epsilon, lr, clip):
+                if self._seeds(task, method, variant, epsilon, lr, clip, trials=0):  # no tuning to count
                     break

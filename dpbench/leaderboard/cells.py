@@ -121,6 +121,22 @@ def run_cell(cell: Cell, root: Path, env: dict[str, str] | None = None, launcher
     return "failed"
 
 
+def record_refusal(cell: Cell, root: Path, reason: str) -> str:
+    """Record a cell the suite itself refuses without running it (a total budget no noise reaches), as dpbench's
+    own refusal would be: shown in the report, not run again for the same overrides."""
+    directory = cell.directory(root)
+    if recorded(cell, root) == "refused":
+        return "refused"
+    if directory.exists():
+        shutil.rmtree(directory)
+    directory.mkdir(parents=True)
+    code = at_launch()
+    write_json_atomic(directory / CELL_FILE, {**asdict(cell), "command": None, "launcher": None,
+                                              "commit": code.commit, "dirty": code.dirty})
+    write_json_atomic(directory / REFUSED_FILE, {"returncode": 2, "reason": reason})
+    return "refused"
+
+
 @dataclass
 class Outcome:
     """What the report reads back from one cell directory."""

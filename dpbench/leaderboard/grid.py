@@ -1,4 +1,5 @@
-"""Each method's tuning: learning rate and clip norm searched jointly on a log grid that grows past an edge until
+"""Each method's tuning: learning rate and clip norm searched jointly on a log grid, a fixed number of its points in
+a fixed shuffled order (the headline protocol), or, in a per-run profile only, a grid that grows past an edge until
 the best point is interior.
 
 A grid rather than a sampler: every method gets exactly the same points, a resumed suite re-derives the same
@@ -10,6 +11,7 @@ private method's whole grid, over the same range, so that its tuning is as fine.
 from __future__ import annotations
 
 import math
+import random
 from dataclasses import dataclass, field
 
 from dpbench.core.errors import ConfigurationError
@@ -17,6 +19,14 @@ from dpbench.core.errors import ConfigurationError
 
 def _rounded(value: float) -> float:
     return float(f"{value:.3g}")
+
+
+DEFAULT_SCORE_NOISE = 20.0
+"""z = 20: K = 9 noisy scores cost about as much as one more final run at total epsilon 1 (CNN task), and the score's
+standard deviation is 20/n (4 points at 500 validation examples: a larger split resolves finer at the same cost)."""
+SHUFFLE_SEED = 0
+"""The trials' order over the grid: fixed and data-independent (public: the order reveals nothing about the data),
+so that the first K points spread over the grid and every method with the same grid gets the same points."""
 
 
 @dataclass(frozen=True)
@@ -29,15 +39,39 @@ class GridSpec:
     """The most a range may grow past each of its ends (a factor): the search's documented limit."""
     each_budget: bool
     """Tune at every budget (else once, at the profile's tune_epsilon, and reuse the choice)."""
+    count: int | None = None
+    """Trials per method and budget: the first `count` points of the grid in SHUFFLE_SEED's order (None: all)."""
+    score_noise: float = DEFAULT_SCORE_NOISE
+    """Noise multiplier of each trial's released validation score, in units of its sensitivity (total budgets)."""
 
     def __post_init__(self) -> None:
         if self.lr_points < 1 or self.clip_points < 1 or self.max_growth < 1:
             raise ConfigurationError(f"tuning needs lr_points >= 1, clip_points >= 1 and max_growth >= 1, got {self}")
+        if self.count is not None and not 1 <= self.count <= self.lr_points * self.clip_points:
+            raise ConfigurationError(f"tuning.trials must lie in [1, lr_points x clip_points = "
+                                     f"{self.lr_points * self.clip_points}] (each trial a distinct point), got "
+                                     f"{self.count}")
+        if self.count is not None and self.grows:
+            raise ConfigurationError("tuning.trials fixes the number of trials: it takes max_growth: 1 (a grid that "
+                                     "grows gives each method as many trials as its scores ask for)")
+        if not (math.isfinite(self.score_noise) and self.score_noise > 0):
+            raise ConfigurationError(f"tuning.score_noise must be positive and finite, got {self.score_noise!r}")
+
+    @property
+    def grows(self) -> bool:
+        return self.max_growth > 1
 
     @property
     def trials(self) -> int:
-        """Trials on the first range (the same for private and non-private methods)."""
-        return self.lr_points * self.clip_points
+        """Trials per method and budget on the first range (the same for private and non-private methods)."""
+        return self.lr_points * self.clip_points if self.count is None else self.count
+
+
+def trial_points(points: list[tuple[float, float | None]], count: int) -> list[tuple[float, float | None]]:
+    """The first `count` of the grid's points in the fixed shuffled order: every method's trials."""
+    shuffled = list(points)
+    random.Random(SHUFFLE_SEED).shuffle(shuffled)
+    return shuffled[:count]
 
 
 @dataclass

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import secrets
 import zlib
 from dataclasses import asdict, dataclass
@@ -23,6 +22,7 @@ from pathlib import Path
 from dpbench.core.errors import ConfigurationError
 from dpbench.core.results import write_json_atomic
 from dpbench.leaderboard.cells import Cell, read_outcome
+from dpbench.leaderboard.grid import trial_points
 from dpbench.leaderboard.private_tuning import PrivateTuning, run_privacy
 from dpbench.leaderboard.suite import Suite, Task, Variant
 from dpbench.privacy.randomness import PrivacyRandomness
@@ -59,10 +59,18 @@ class Selection:
     score_noise_multiplier: float
     per_run: float | None
     with_tuning: float | None
+    """The selection composed with every evaluation seed's final run."""
     tuning_alone: float | None
     delta: float
     reason: str | None = None
     """Why nothing was selected or accounted (no finished trial, K = 0, a loss metric...)."""
+    finals: int = 1
+    """Final runs (one per evaluation seed) composed into `with_tuning`."""
+
+
+def _count_key(task: Task, epsilon: float) -> int:
+    """The index of a task's number of trials at one budget, shared by its methods."""
+    return zlib.crc32(f"{task.name}/{epsilon:g}".encode())
 
 
 def _key(task: Task, variant: Variant, epsilon: float) -> int:
@@ -75,21 +83,21 @@ class PrivateSelector:
         self.suite, self.root, self.tuning = suite, Path(root), tuning
         self.randomness = suite_randomness(root)
 
-    def trials(self, task: Task, variant: Variant, epsilon: float) -> int:
-        return draw_trial_count(self.randomness, self.tuning.trials, _key(task, variant, epsilon))
+    def trials(self, task: Task, epsilon: float) -> int:
+        """K for every method and rung of a task at one budget: one secret draw, so that all get the same number."""
+        return draw_trial_count(self.randomness, self.tuning.trials, _count_key(task, epsilon))
 
     def order(self, points: list[tuple[float, float | None]]) -> list[tuple[float, float | None]]:
-        """The grid's points in a fixed, data-independent shuffled order: the first few trials spread over it."""
-        shuffled = list(points)
-        random.Random(0).shuffle(shuffled)
-        return shuffled
+        """The grid's points in the fixed, data-independent shuffled order every protocol uses (grid.trial_points):
+        the first few trials spread over it."""
+        return trial_points(points, len(points))
 
     def select(self, task: Task, variant: Variant, epsilon: float, cells: list[Cell], final: Cell) -> Selection:
         """The winner by noisy validation score among the trials run, and the release's epsilons (computed from the
         trial's and the final run's compositions, as their cells run them)."""
         law = self.tuning.trials
         common = {"law": law.name, "mean_trials": law.mean, "delta": task.delta,
-                  "score_noise_multiplier": self.tuning.score_noise_multiplier}
+                  "score_noise_multiplier": self.tuning.score_noise_multiplier, "finals": len(self.suite.seeds)}
         if not cells:
             return Selection(None, None, per_run=None, with_tuning=None, tuning_alone=None,
                              reason=f"{NO_SELECTION}: the draw gave no trial", **common)
@@ -114,7 +122,7 @@ class PrivateSelector:
             trial = run_privacy(best.overrides)
             final_run = run_privacy(final.overrides)
             accounted = tuning_epsilon(trial.composition, final_run.composition, law, task.delta,
-                                       self.tuning.score_noise_multiplier)
+                                       self.tuning.score_noise_multiplier, finals=len(self.suite.seeds))
         except ConfigurationError as error:
             return Selection(best.lr, best.clip_norm, per_run=None, with_tuning=None, tuning_alone=None,
                              reason=f"private tuning not accounted: {error}", **common)

@@ -115,7 +115,7 @@ def _variant_rows(suite: Suite, task: Task, method: Method, variant: Variant,
             continue
         try:
             accounted = tuning_epsilon(trial.composition, final.composition, tuning.trials, task.delta,
-                                       tuning.score_noise_multiplier)
+                                       tuning.score_noise_multiplier, finals=len(suite.seeds))
         except ConfigurationError as error:
             yield PlanRow(task.name, variant.label, budget, final.epsilon, None, None,
                           f"private tuning not accounted: {error}")
@@ -148,7 +148,8 @@ def describe(row: PlanRow) -> str:
     figures = row.accounted
     tail = "" if not figures.tail_mass else (f"; each random-sensitivity step's scale tail of mass "
                                               f"{figures.tail_mass:.2g} left out of its RDP and charged to delta")
-    return (f"{where}: epsilon {row.per_run:.2f} per run, {figures.with_tuning:.2f} with tuning (RDP: "
+    return (f"{where}: epsilon {row.per_run:.2f} per run, {figures.with_tuning:.2f} with tuning and "
+            f"{figures.finals} final run(s) (RDP: "
             f"{figures.per_run:.2f} per run, {figures.tuning:.2f} the tuning alone; delta {figures.delta:g}; "
             f"validation score noise std {row.score_std}{tail})")
 
@@ -162,4 +163,5 @@ def header(suite: Suite, tuning: PrivateTuning) -> str:
             f"split less the validation split and releases its validation score with Gaussian noise (noise "
             f"multiplier {tuning.score_noise_multiplier:g}, sensitivity 1/n for accuracy; a loss must first be "
             f"clipped to a range); only the best trial is released (Papernot & Steinke 2022, dp-accounting's "
-            f"RepeatAndSelectDpEvent with its RDP accountant), then composed with the final run at each budget.")
+            f"RepeatAndSelectDpEvent with its RDP accountant), then composed with every evaluation seed's final run "
+            f"({len(suite.seeds)}) at each budget.")

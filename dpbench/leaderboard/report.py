@@ -14,6 +14,7 @@ from typing import Any
 import torch
 
 from dpbench.core.wording import counted
+from dpbench.leaderboard.accountants import accountant_lines
 from dpbench.leaderboard.cells import Outcome, read_outcomes
 from dpbench.leaderboard.claims import check_claims, fmt_entry, fmt_number, fmt_ratio, fmt_value, learned, winners
 from dpbench.leaderboard.compare import best_baseline, best_of, chosen_on_selection
@@ -26,6 +27,7 @@ from dpbench.leaderboard.recost import costs_section
 from dpbench.leaderboard.scale import scale_section
 from dpbench.leaderboard.suite import MIN_EVALUATION_SEEDS, Suite, Task
 from dpbench.leaderboard.summary import DIVERGENCE_RULE, Entry, Tuning, attach_selection, seconds_per_step, summarize
+from dpbench.leaderboard.total_budget import TotalBudget, budget_path, read_budget
 
 RUNS_FILE = "suite_runs.json"
 CSV_COLUMNS = ("task", "method", "variant", "label", "phase", "status", "reason", "target_epsilon", "epsilon_spent",
@@ -62,17 +64,23 @@ def _invocations(runs: list[dict]) -> str:
     return total + ", ".join(one(run) for run in runs)
 
 
-def csv_rows(outcomes: list[Outcome], root: Path) -> list[dict]:
+def csv_rows(outcomes: list[Outcome], root: Path,
+             released: dict[tuple[str, str, float, int], float] | None = None) -> list[dict]:
+    """One row per cell; a trial under a total budget shows its released noisy score as its validation value."""
     rows = []
     for outcome in outcomes:
         cell, results = outcome.cell, outcome.results or {}
+        validation = outcome.value("validation")
+        key = (cell["task"], cell["variant"], cell["epsilon"], cell["trial"])
+        if released is not None and cell["phase"] == "tune" and any(k[:3] == key[:3] for k in released):
+            validation = released.get(key)
         rows.append({
             "task": cell["task"], "method": cell["method"], "variant": cell["variant"], "label": cell["label"],
             "phase": cell["phase"], "status": outcome.status, "reason": outcome.reason or "",
             "target_epsilon": cell["epsilon"], "epsilon_spent": results.get("epsilon"), "delta": results.get("delta"),
             "seed": cell["seed"], "trial": cell["trial"], "lr": cell["lr"], "clip_norm": cell["clip_norm"],
             "metric": outcome.metric, "test_value": outcome.value("test"),
-            "validation_value": outcome.value("validation"), "samples_per_s": results.get("samples_per_s"),
+            "validation_value": validation, "samples_per_s": results.get("samples_per_s"),
             "peak_memory_mb": results.get("peak_memory_mb"), "train_time_s": results.get("train_time_s"),
             "steps": results.get("steps"), "s_per_step": seconds_per_step(results) if results else None,
             "noise_multiplier": results.get("noise_multiplier"), "process_wall_s": cell.get("process_wall_s"),
@@ -101,29 +109,66 @@ def _anchor_text(task: Task, entry: Entry) -> str:
     return "".join(f"; published {fmt_value(a.value, entry.metric)} ({a.source})" for a in found)
 
 
-Selections = dict[tuple[str, str, float], Selection]
+Selections = dict[tuple[str, str, float], Selection | TotalBudget]
+"""Per (task, variant, tuning budget): a private tuning's record, or a total budget's calibration."""
 
 
 def read_selections(root: Path, suite: Suite) -> Selections:
-    """Every private tuning's released record under root, by (task, variant, tuning budget)."""
-    found = {}
+    """Every private tuning's released record and every total budget's calibration under root, by (task, variant,
+    tuning budget)."""
+    found: Selections = {}
     for task in suite.tasks:
         for method in task.methods:
             for variant in method.variants():
                 for epsilon in suite.budgets:
-                    selection = read_selection(root, task.name, variant.name, epsilon)
-                    if selection is not None:
-                        found[(task.name, variant.name, epsilon)] = selection
+                    key = (task.name, variant.name, epsilon)
+                    record = read_selection(root, *key) or read_budget(budget_path(root, *key))
+                    if record is not None:
+                        found[key] = record
     return found
 
 
-def _tuning_text(selection: Selection | None) -> str:
-    """'; epsilon 3.00 per run, 4.62 with tuning' for a privately tuned cell."""
+def _tuning_text(selection: Selection | TotalBudget | None) -> str:
+    """'; epsilon 3.00 per run, 4.62 with tuning' for a privately tuned cell; '; total epsilon 3 (9 trials, 5
+    final runs), 0.67 per run' for a cell calibrated to a total."""
+    if isinstance(selection, TotalBudget):
+        return _total_text(selection)
     if selection is None:
         return ""
     if selection.with_tuning is None:
         return f"; {selection.reason}"
-    return f"; epsilon {selection.per_run:.2f} per run, {selection.with_tuning:.2f} with tuning"
+    return (f"; epsilon {selection.per_run:.2f} per run, {selection.with_tuning:.2f} with tuning and "
+            f"{counted(selection.finals, 'final run')}")
+
+
+def _total_text(budget: TotalBudget) -> str:
+    if budget.total is None:
+        return ""
+    runs = f"{counted(budget.trials, 'trial')}, {counted(budget.finals, 'final run')}"
+    if not budget.scored:
+        return (f"; epsilon {budget.per_run:.2f} per run, {budget.total:.2f} over {runs} without the selection on the "
+                f"exact validation loss (not accounted)")
+    return f"; total epsilon {budget.total:.2f} ({runs}), {budget.per_run:.2f} per run"
+
+
+def released_scores(selections: Selections) -> dict[tuple[str, str, float, int], float]:
+    """The noisy validation score each trial of a total budget released, by (task, variant, budget, trial): what
+    the report may show of the trials in place of their exact validation values."""
+    return {(task, variant, epsilon, int(trial)): score
+            for (task, variant, epsilon), record in selections.items() if isinstance(record, TotalBudget)
+            for trial, _, _, score in record.scores}
+
+
+def release_only_noisy_scores(tuning: dict[str, list[Tuning]], selections: Selections) -> None:
+    """Replace each trial's exact validation value by its released noisy score (None: none released) wherever a
+    total budget accounted the scores: an exact value on the private validation split is no release of it."""
+    for task, records in tuning.items():
+        for record in records:
+            budget = selections.get((task, record.variant, record.epsilon))
+            if not isinstance(budget, TotalBudget) or not budget.scored:
+                continue
+            scores = {(lr, clip): score for _, lr, clip, score in budget.scores}
+            record.trials = [(lr, clip, scores.get((lr, clip)), state) for lr, clip, _, state in record.trials]
 
 
 def _cell_text(task: Task, entry: Entry | None, notes: list[str], selections: Selections, suite: Suite) -> str:
@@ -226,7 +271,7 @@ def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite:
         trials_per_method[record.label] = trials_per_method.get(record.label, 0) + len(record.trials)
         where = "" if record.epsilon is None else f", epsilon {record.epsilon:g}"
         selection = selections.get((task.name, record.variant, record.epsilon))
-        if selection is not None:  # its trials and their number are not released: only the winner is
+        if isinstance(selection, Selection):  # its trials and their number are not released: only the winner is
             outcome = "only the winner is released" if selection.lr is not None else selection.reason
             lines.append(f"- {record.label}{where}: tuned privately ({selection.law} number of trials, mean "
                          f"{selection.mean_trials:g}; validation score noise multiplier "
@@ -353,7 +398,7 @@ def build(suite: Suite, root: Path, docs: Path, command: str, allow_mixed_commit
     found = _read(suite, root, allow_mixed_commits)
     figures = docs / "leaderboard"
     _reset_figures(figures)
-    _write_cells_csv(found.outcomes, root, figures / "cells.csv")
+    _write_cells_csv(found.outcomes, root, figures / "cells.csv", found.selections)
     judged = _judged_tasks(suite, found)
     verdicts, family = judge_all(lambda judge: _verdicts(suite, judged, judge))
     lines = _preamble(suite, root, found, command) + _tasks_not_run(suite, found)
@@ -382,9 +427,14 @@ def _judged_tasks(suite: Suite, found: _Found) -> list[tuple[Task, list[Entry]]]
 def _verdicts(suite: Suite, judged: list[tuple[Task, list[Entry]]], judge: Judge) -> _Verdicts:
     """The glance table, each task's winners and the papers' claims, with the verdicts `judge` gives."""
     winners_by_task = {task.name: winners(entries, suite.budgets, task.chance, judge) for task, entries in judged}
-    claims = check_claims([(task.title, entries, task.chance) for task, entries in judged], suite.budgets,
+    claims = check_claims([(_claim_title(task), entries, task.chance) for task, entries in judged], suite.budgets,
                           suite.tune_epsilon, judge)
     return _Verdicts(_glance(suite, judged, judge), winners_by_task, claims)
+
+
+def _claim_title(task: Task) -> str:
+    """The task's title, with what was cut from its paper's setting where the machine could not run it."""
+    return f"{task.title} (reduced: {task.reduced})" if task.reduced else task.title
 
 
 def _read(suite: Suite, root: Path, allow_mixed_commits: bool) -> _Found:
@@ -394,8 +444,9 @@ def _read(suite: Suite, root: Path, allow_mixed_commits: bool) -> _Found:
                                allow_mixed_commits)
     entries, tuning = summarize(outcomes)
     selections = read_selections(root, suite)
-    attach_selection(entries, tuning, suite.tuning_budget,
-                     skip=lambda e: (e.task, e.variant, suite.tuning_budget(e.epsilon)) in selections)
+    release_only_noisy_scores(tuning, selections)
+    attach_selection(entries, tuning, suite.tuning_budget, skip=lambda e: isinstance(
+        selections.get((e.task, e.variant, suite.tuning_budget(e.epsilon))), Selection))
     runs_path = root / RUNS_FILE
     runs = json.loads(runs_path.read_text()) if runs_path.exists() else []
     return _Found(outcomes, len(found) - len(outcomes), entries, tuning, selections, runs, commits)
@@ -407,11 +458,11 @@ def _reset_figures(figures: Path) -> None:
         drawn.unlink()
 
 
-def _write_cells_csv(outcomes: list[Outcome], root: Path, path: Path) -> None:
+def _write_cells_csv(outcomes: list[Outcome], root: Path, path: Path, selections: Selections) -> None:
     with path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=CSV_COLUMNS)
         writer.writeheader()
-        writer.writerows(csv_rows(outcomes, root))
+        writer.writerows(csv_rows(outcomes, root, released_scores(selections)))
 
 
 def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str]:
@@ -438,19 +489,9 @@ def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str
         f"- Wall time: {cell_wall:.0f} s summed over the cells' processes"
         + (f"; suite invocations: {_invocations(runs)}" if runs else "")
         + ".",
-        f"- Budgets: epsilon {', '.join(f'{b:g}' for b in suite.budgets)} at {_deltas(suite)} (each below 1/N, N "
-        "the task's training-set size: a run refuses a delta at or above it).",
-        f"- Fairness: every method searches the same grid over learning rate and clip norm "
-        f"({suite.tuning.lr_points} x {suite.tuning.clip_points} log-spaced points of the task's ranges; a non-private "
-        f"method {suite.trials} learning rates over the same range), grown past an edge while the best trial lies on "
-        f"it, up to {suite.tuning.max_growth:g}x beyond each end of a range (the search's limit, reported), with the "
-        f"selection seed {suite.tuning_seed} on a validation split carved from the training data, "
-        + ("at each budget; " if suite.tuning.each_budget else f"at epsilon {suite.tune_epsilon:g}, the choice reused "
-           "at every budget; ")
-        + f"the best trial by validation value is chosen, ties broken by {TIE_RULE}. Evaluation seeds "
-        f"{', '.join(map(str, suite.seeds))} (none of them a selection seed) then train on the whole training set at "
-        "the chosen point and are evaluated on the test split: mean [95% Student-t interval] over seeds. Each rung "
-        "of a ladder (JL's r) is tuned on its own.",
+        f"- Budgets: {'total ' if suite.total else ''}epsilon {', '.join(f'{b:g}' for b in suite.budgets)} at "
+        f"{_deltas(suite)} (each below 1/N, N the task's training-set size: a run refuses a delta at or above it).",
+        _fairness(suite),
         *_protocol(suite),
         found.commits.report_line(),
         ("- **Private tuning**: each private method's tuning is Papernot & Steinke's private selection (a secret "
@@ -458,7 +499,8 @@ def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str
          "dp-accounting's RepeatAndSelectDpEvent and composed with the final run: each cell shows its epsilon per run "
          "and with tuning. JL's and D2P2's random-sensitivity steps enter as Renyi bounds with their scale's "
          "dangerous tail left out and charged to delta; where that bound is infinite (JL at few projections) the "
-         "cell says not accounted." if selections else
+         "cell says not accounted." if any(isinstance(r, Selection) for r in selections.values()) else
+         _total_line(suite) if suite.total else
          "- **The epsilon of each run does not count the tuning**: choosing among the trials on private data spends "
          "privacy that no figure here includes (`--private-tuning` tunes privately and counts it)."),
         "- A method that cannot reach a budget is shown as `cannot reach epsilon X: <dpbench's reason>`; JL runs "
@@ -470,6 +512,44 @@ def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str
         f"[leaderboard/cells.csv](leaderboard/cells.csv). {_memory_note(outcomes)}",
         "",
     ]
+
+
+def _fairness(suite: Suite) -> str:
+    """How every method is tuned: the same K points of the same grid, or (a per-run smoke profile) a growing grid."""
+    tuning = suite.tuning
+    if tuning.grows:
+        search = (f"searches the same grid over learning rate and clip norm ({tuning.lr_points} x {tuning.clip_points} "
+                  f"log-spaced points of the task's ranges; a non-private method {suite.trials} learning rates over "
+                  f"the same range), grown past an edge while the best trial lies on it, up to {tuning.max_growth:g}x "
+                  f"beyond each end of a range (the search's limit, reported; not a headline protocol: the methods' "
+                  f"trial counts then differ)")
+    else:
+        search = (f"runs the same {counted(suite.trials, 'trial')} at each tuning budget: the first {suite.trials} "
+                  f"points, in one fixed shuffled order, of the same grid over learning rate and clip norm "
+                  f"({tuning.lr_points} x {tuning.clip_points} log-spaced points of the task's ranges; a non-private "
+                  f"method {tuning.lr_points * tuning.clip_points} learning rates over the same range), never grown")
+    choice = ("the trial with the best released noisy validation score is chosen" if suite.total else
+              "the best trial by validation value is chosen")
+    return (f"- Fairness: every method {search}, with the selection seed {suite.tuning_seed} on a validation split "
+            "carved from the training data, "
+            + ("at each budget; " if tuning.each_budget else f"at epsilon {suite.tune_epsilon:g}, the choice reused "
+               "at every budget; ")
+            + f"{choice}, ties broken by {TIE_RULE}. Evaluation seeds {', '.join(map(str, suite.seeds))} (none of "
+            "them a selection seed) then train on the whole training set at the chosen point and are evaluated on "
+            "the test split: mean [95% Student-t interval] over seeds. Each rung of a ladder (JL's r) is tuned on its "
+            "own.")
+
+
+def _total_line(suite: Suite) -> str:
+    return (f"- **Each budget is a total, tuning included**: a private cell's epsilon is what its whole procedure "
+            f"spends on the data, the composition (dpbench's accountant, the same for every method) of its "
+            f"{counted(suite.trials, 'trial')}, each trial's validation accuracy released with Gaussian noise "
+            f"(noise multiplier {suite.tuning.score_noise:g} in units of its sensitivity 1/n), and its "
+            f"{counted(len(suite.seeds), 'final run')}, one per evaluation seed, each released; every run's noise is "
+            "calibrated so that this total meets the budget. Each cell shows the total and one final run's epsilon "
+            "(per run). The trials' exact validation values are not released: the tuning summary and cells.csv show "
+            "their noisy scores. Where a task is scored by a loss (unbounded) no noisy score is released, the choice "
+            "uses the exact loss, and the cell says that selection is not accounted.")
 
 
 def _protocol(suite: Suite) -> list[str]:
@@ -539,11 +619,14 @@ def _task_sections(suite: Suite, found: _Found, figures: Path,
                   f"seeds (the {'recipe' if task.fixed else 'tuned'} learning rate and clip norm).", ""]
         if task.note:
             lines += [task.note, ""]
+        if task.reduced:
+            lines += [f"Reduced from the paper's own setting: {task.reduced}.", ""]
         if task.fixed:
             lines += [f"Not tuned: every method runs at the published recipe's learning rate {task.fixed[0]:g}"
                       + ("" if task.fixed[1] is None else f" and clip norm {task.fixed[1]:g}") + ".", ""]
         lines += _task_table(task, task_entries, suite, selections)
         lines += _anchor_lines(task, task_entries)
+        lines += accountant_lines(task, found.outcomes)
         lines += _tuning_lines(task, tuning.get(task.name, []), task_entries, suite, selections)
         best = winners_by_task.get(task.name, [])
         if best:

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 
 from dpbench.core.errors import ConfigurationError
 from dpbench.core.methods import method_label
-from dpbench.leaderboard.grid import GridSpec
+from dpbench.leaderboard.grid import DEFAULT_SCORE_NOISE, GridSpec
 
 
 @dataclass(frozen=True)
@@ -78,6 +78,12 @@ class Task:
     """(lr, clip): a published recipe's hyperparameters, run as they are instead of tuned (a paper's anchor)."""
     budgets: tuple[float, ...] | None = None
     """The profile's budgets this task runs at, where it runs fewer (a paper's anchor at its own epsilon)."""
+    noise_multiplier: float | None = None
+    """A published anchor's own noise multiplier, run as it is instead of calibrated to the budget (the budget is then
+    only the row the cell is listed under; its spent epsilon is what that noise spends): like-for-like anchors."""
+    reduced: str | None = None
+    """What was cut from a paper's own setting that this machine cannot run (epochs, learning rates, corpus): printed
+    beside the task's table and each claim judged on it, so a verdict is read as one outside the paper's regime."""
 
     def skip_reason(self) -> str | None:
         """Why the task cannot run on this machine (its data is not installed), or None."""
@@ -87,6 +93,10 @@ class Task:
 
     def optimizer_of(self, method: Method) -> str:
         return self.optimizer if method.optimizer == "task" else method.optimizer
+
+
+TOTAL, PER_RUN = "total", "per_run"
+"""What a profile's budgets mean (its `budget:` key)."""
 
 
 @dataclass(frozen=True)
@@ -108,6 +118,14 @@ class Suite:
     """The seed of every selection run (a tuning trial), apart from the evaluation seeds."""
     smoke: bool = False
     """A smoke profile shows the machinery: it may run fewer than MIN_EVALUATION_SEEDS, and the report says so."""
+    budget: str = PER_RUN
+    """TOTAL: each budget is what a cell's whole procedure spends (its trials, their noisy scores, every final
+    run), each run's noise calibrated so; PER_RUN: each run alone spends the budget, the tuning uncounted (a smoke
+    profile's, or --private-tuning's, which counts its own)."""
+
+    @property
+    def total(self) -> bool:
+        return self.budget == TOTAL
 
     @property
     def trials(self) -> int:
@@ -168,14 +186,30 @@ def _fixed(task: str, raw: dict[str, Any] | None, where: Path) -> tuple[float, f
 
 
 def _grid(raw: dict[str, Any], where: str) -> GridSpec:
-    unknown = set(raw) - {"lr_points", "clip_points", "max_growth", "each_budget"}
+    unknown = set(raw) - {"lr_points", "clip_points", "max_growth", "each_budget", "trials", "score_noise"}
     if unknown:
         raise ConfigurationError(f"{where}.tuning has unknown keys {sorted(unknown)}")
     try:
         return GridSpec(int(raw["lr_points"]), int(raw["clip_points"]), float(raw["max_growth"]),
-                        bool(raw["each_budget"]))
+                        bool(raw["each_budget"]), None if raw.get("trials") is None else int(raw["trials"]),
+                        float(raw.get("score_noise", DEFAULT_SCORE_NOISE)))
     except KeyError as missing:
         raise ConfigurationError(f"{where}.tuning lacks {missing}") from None
+
+
+def _budget(chosen: dict[str, Any], tuning: GridSpec, smoke: bool, where: str) -> str:
+    """The profile's `budget:` (per_run unless set); a headline profile must count its tuning, and a total needs a
+    fixed number of trials at every budget."""
+    budget = str(chosen.get("budget", PER_RUN))
+    if budget not in (TOTAL, PER_RUN):
+        raise ConfigurationError(f"{where}: budget must be {TOTAL} or {PER_RUN}, got {budget!r}")
+    if budget == PER_RUN and not smoke:
+        raise ConfigurationError(f"{where}: a profile that is not a smoke profile reports headline budgets, which "
+                                 f"must include the tuning: set `budget: {TOTAL}` (or mark it `smoke: true`)")
+    if budget == TOTAL and (tuning.grows or not tuning.each_budget):
+        raise ConfigurationError(f"{where}: `budget: {TOTAL}` counts a fixed number of trials at each budget: set "
+                                 f"tuning.max_growth: 1 and tuning.each_budget: true")
+    return budget
 
 
 def _task_budgets(task: str, own: list[float] | None, profile_budgets: list[float], profile: str,
@@ -244,6 +278,8 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
             anchors=_anchors(task_name, spec.get("anchors", []), path), cost_only=bool(spec.get("cost_only", False)),
             fixed=_fixed(task_name, spec.get("fixed"), path),
             budgets=_task_budgets(task_name, spec.get("budgets"), chosen["budgets"], profile, path),
+            reduced=spec.get("reduced"),
+            noise_multiplier=None if spec.get("noise_multiplier") is None else float(spec["noise_multiplier"]),
         ))
     tune_epsilon = float(chosen["tune_epsilon"])
     budgets = tuple(float(b) for b in chosen["budgets"])
@@ -252,12 +288,12 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
     seeds = tuple(int(s) for s in chosen["seeds"])
     tuning_seed, smoke = int(chosen.get("tuning_seed", 0)), bool(chosen.get("smoke", False))
     _check_seeds(seeds, tuning_seed, smoke, f"{path}: profile {profile!r}")
+    tuning = _grid(chosen.get("tuning") or {}, f"{path}: profiles.{profile}")
     return Suite(
         profile=profile, delta=float(raw["delta"]), common=tuple(raw.get("common", [])), budgets=budgets,
-        tune_epsilon=tune_epsilon, tuning=_grid(chosen.get("tuning") or {}, f"{path}: profiles.{profile}"),
-        seeds=seeds, tasks=tuple(tasks), path=path,
+        tune_epsilon=tune_epsilon, tuning=tuning, seeds=seeds, tasks=tuple(tasks), path=path,
         omitted=tuple(name for name in raw.get("tasks", {}) if name not in chosen["tasks"]),
-        tuning_seed=tuning_seed, smoke=smoke,
+        tuning_seed=tuning_seed, smoke=smoke, budget=_budget(chosen, tuning, smoke, f"{path}: profile {profile!r}"),
     )
 
 

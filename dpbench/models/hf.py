@@ -23,6 +23,12 @@ from dpbench.data.hf_checkpoints import load_pretrained, load_tokenizer
 from dpbench.models.fixed_encoder import head_on_cached_features
 from dpbench.models.lora import LoRAConfig, add_lora
 from dpbench.models.published import PublishedShape, published_shape
+from dpbench.models.top_layers import (
+    fixed_modules_to_eval,
+    lower_prefixes,
+    top_layer_indices,
+    top_layers_on_cached_states,
+)
 
 EXPLICIT_POSITIONS = {"bert", "distilbert", "gpt2"}
 """Model types that broadcast one (1, T) row of position ids over the batch unless given (B, T) ones."""
@@ -79,6 +85,10 @@ class TextTransformerConfig:
     """With a pretrained encoder that model.freeze fixes whole and model.pooling=mean: its pooled features computed
     once per data split and cached on disk ($XDG_CACHE_HOME/dpbench/encoder_features), and only the head trained on
     them (dpbench.models.fixed_encoder): the same head and per-sample gradients, without an encoder pass a step."""
+    trainable_layers: int | None = None
+    """Only the top N transformer layers of a pretrained BERT-style encoder train (with the head; model.lora then adapts
+    only them): its embeddings and lower layers are fixed. With model.cached_features=true the fixed part's hidden
+    states are cached instead of its pooled output (dpbench.models.top_layers); null: every layer trains."""
 
 
 @dataclass
@@ -152,10 +162,7 @@ class SequenceClassifier(nn.Module):
     def train(self, mode: bool = True) -> SequenceClassifier:
         super().train(mode)
         if mode:
-            for module in self.model.modules():
-                parameters = list(module.parameters())
-                if parameters and not any(p.requires_grad for p in parameters):
-                    module.eval()
+            fixed_modules_to_eval(self.model)
         return self
 
     def forward(self, inputs: dict[str, Tensor]) -> Tensor:
@@ -290,15 +297,17 @@ def _text_model(config: TextTransformerConfig, data: DataBundle, kind: str) -> n
     if config.pretrained:
         model = load_pretrained(AutoModelForSequenceClassification, config.pretrained, num_labels=data.num_classes)
         classifier = SequenceClassifier(model, model.config.model_type in EXPLICIT_POSITIONS, config.pooling)
-        add_lora(model, config.lora)
-        freeze_parameters(model, config.freeze)
+        add_lora(model, config.lora, top_layer_indices(model, config.trainable_layers))
+        freeze_parameters(model, [*config.freeze, *lower_prefixes(model, config.trainable_layers)])
+        if config.cached_features and config.trainable_layers is not None:
+            return top_layers_on_cached_states(classifier, data, config.pretrained, config.trainable_layers)
         if config.cached_features:
             return head_on_cached_features(classifier, data, config.pretrained)
         _text_data(data, kind)
         return classifier.train()  # from_pretrained hands the model over in eval mode
-    if config.cached_features:
-        raise ConfigurationError("model.cached_features=true caches a pretrained encoder's features: set "
-                                 "model.pretrained, or drop model.cached_features")
+    if config.cached_features or config.trainable_layers is not None:
+        raise ConfigurationError("model.cached_features and model.trainable_layers fine-tune a pretrained encoder: set "
+                                 "model.pretrained, or drop them")
     _text_data(data, kind)
     if not config.tokenizer.startswith("hf:"):
         raise ConfigurationError(f"model.tokenizer must be hf:NAME, got {config.tokenizer!r}")

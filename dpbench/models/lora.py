@@ -49,15 +49,17 @@ def _linear_names(model: nn.Module) -> list[str]:
     return sorted({name.rsplit(".", 1)[-1] for name, module in model.named_modules() if isinstance(module, nn.Linear)})
 
 
-def add_lora(model: nn.Module, config: LoRAConfig | None) -> None:
+def add_lora(model: nn.Module, config: LoRAConfig | None, layers: list[int] | None = None) -> None:
     """Inject LoRA adapters into a transformers model in place; only they and the head (the parameters outside the
-    base model, e.g. BERT's `classifier`) stay trainable. None or a null rank leaves the model as it is."""
+    base model, e.g. BERT's `classifier`) stay trainable. None or a null rank leaves the model as it is. `layers`:
+    the indices of the encoder layers that get adapters (model.trainable_layers), None: all of them."""
     if config is None or _checked(config).rank is None:
         return
     from peft import LoraConfig, inject_adapter_in_model
 
+    placement = {} if layers is None else {"layers_to_transform": layers, "layers_pattern": "layer"}
     settings = LoraConfig(r=config.rank, lora_alpha=config.alpha if config.alpha is not None else config.rank,
-                          target_modules=config.targets, lora_dropout=config.dropout)
+                          target_modules=config.targets, lora_dropout=config.dropout, **placement)
     try:
         inject_adapter_in_model(settings, model)
     except ValueError as error:  # peft's NoMatchingPeftModuleError included

@@ -4,7 +4,8 @@ A tuning that runs a random number K of trials, each a DP mechanism (a training 
 and releases only the best one costs far less than K composed runs, provided K is drawn from one of the paper's
 distributions (truncated negative binomial, logarithmic, geometric, Poisson) with randomness the adversary never
 sees. dp-accounting's `RepeatAndSelectDpEvent` bounds its Renyi DP (Theorems 2 and 6); composed with the final run
-trained at the winner's hyperparameters, `RdpAccountant` gives the epsilon of the whole release.
+trained at the winner's hyperparameters, `RdpAccountant` gives the epsilon of the whole release. Every final run
+whose outcome is released (one per evaluation seed) is a release on the same data: they compose, each one counted.
 
 The trial's score is composed with its training run rather than taking the larger of the two (the validation split
 is disjoint from the training split): under add/remove adjacency the split itself moves, so composition is the bound
@@ -166,10 +167,12 @@ class TuningEpsilon:
     tuning: float
     """The private selection alone: every trial run, only the winner released."""
     with_tuning: float
-    """The selection composed with the final run: what releasing the final model costs."""
+    """The selection composed with every final run: what releasing the final runs costs."""
     delta: float
     tail_mass: float = 0.0
     """The scale-law tail left out of each random-sensitivity step's RDP curve, paid for in delta (0: none)."""
+    finals: int = 1
+    """Final runs composed into `with_tuning`."""
 
 
 def conditioned_epsilon(event: dp_event.DpEvent, delta: float, tail_probability: float) -> float:
@@ -193,17 +196,20 @@ def conditioned_epsilon(event: dp_event.DpEvent, delta: float, tail_probability:
 
 
 def tuning_epsilon(trial: Composition, final: Composition, trials: TrialCount, delta: float,
-                   score_noise_multiplier: float) -> TuningEpsilon:
-    """The epsilon of the final run alone, of the private selection over trials of `trial`, and of both."""
+                   score_noise_multiplier: float, finals: int = 1) -> TuningEpsilon:
+    """The epsilon of one final run alone, of the private selection over trials of `trial`, and of the selection
+    composed with `finals` final runs (each evaluation seed's run is released)."""
     if not 0.0 < delta < 1.0:
         raise ConfigurationError(f"delta must lie in (0, 1), got {delta}")
+    if isinstance(finals, bool) or not isinstance(finals, int) or finals < 1:
+        raise ConfigurationError(f"the number of final runs must be an integer >= 1, got {finals!r}")
     trial_cut, final_cut = cut_steps(trial), cut_steps(final)
-    applications = trials.mean * trial_cut + final_cut  # E[K] <= mean (TrialCount.gamma)
+    applications = trials.mean * trial_cut + finals * final_cut  # E[K] <= mean (TrialCount.gamma)
 
     def events(tail_mass: float) -> tuple[dp_event.DpEvent, dp_event.DpEvent]:
         selection = dp_event.RepeatAndSelectDpEvent(trial_event(trial, score_noise_multiplier, tail_mass),
                                                     float(trials.mean), float(trials.shape))
-        return selection, run_event(final, tail_mass)
+        return selection, dp_event.SelfComposedDpEvent(run_event(final, tail_mass), finals)
 
     best, best_tail, worse = math.inf, 0.0, 0
     for share in TAIL_SHARES if applications else (0.0,):
@@ -222,9 +228,9 @@ def tuning_epsilon(trial: Composition, final: Composition, trials: TrialCount, d
             f"steps' scale law either leaves Renyi moments too large or cuts off a tail whose charge, (1 + "
             f"e^epsilon) times its probability, exceeds delta (JL's chi-square scale near 0 at few projections); "
             f"more projections or more noise would bound it")
-    selection, final_event = events(best_tail)  # the parts at the chosen tail (their curves are cached)
+    selection = events(best_tail)[0]  # at the chosen tail (the curves are cached)
     return TuningEpsilon(
-        per_run=conditioned_epsilon(final_event, delta, final_cut * best_tail),
+        per_run=conditioned_epsilon(run_event(final, best_tail), delta, final_cut * best_tail),
         tuning=conditioned_epsilon(selection, delta, trials.mean * trial_cut * best_tail),
-        with_tuning=best, delta=delta, tail_mass=best_tail,
+        with_tuning=best, delta=delta, tail_mass=best_tail, finals=finals,
     )

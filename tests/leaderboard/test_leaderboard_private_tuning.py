@@ -78,7 +78,8 @@ def test_plan_prints_each_private_method_per_run_and_with_tuning_and_runs_no_cel
              for budget in ("1", "3") if line.startswith(f"cnn / DP-SGD at epsilon {budget}:")}
     figures = {}
     for budget, line in lines.items():
-        match = re.search(r"epsilon ([\d.]+) per run, ([\d.]+) with tuning \(RDP: ([\d.]+) per run, ([\d.]+) the "
+        match = re.search(r"epsilon ([\d.]+) per run, ([\d.]+) with tuning and 1 final run\(s\) "
+                          r"\(RDP: ([\d.]+) per run, ([\d.]+) the "
                           r"tuning alone; delta 1e-05; validation score noise std ([\d.]+)\)", line)
         assert match, line
         figures[budget] = [float(value) for value in match.groups()]

@@ -207,7 +207,7 @@ def test_a_profile_whose_evaluation_seeds_overlap_its_tuning_seed_or_are_too_few
 
 
 def test_tuning_trials_run_on_the_tuning_seed_and_the_shipped_profiles_keep_them_apart(tmp_path):
-    suite = load_suite("p", _profile(tmp_path, "    tuning_seed: 7\n    seeds: [0, 1, 2, 3, 4]\n"))
+    suite = load_suite("p", _profile(tmp_path, "    tuning_seed: 7\n    seeds: [0, 1, 2, 3, 4]\n    smoke: true\n"))
     scheduler = Simulated(suite, tmp_path / "cells")
     scheduler.run_method(suite.tasks[0], suite.tasks[0].methods[1])
     assert {c.seed for c in scheduler.planned if c.phase == "tune"} == {7}
