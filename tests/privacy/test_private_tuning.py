@@ -5,7 +5,7 @@ import math
 import numpy as np
 import pytest
 import torch
-from scipy import integrate, special, stats
+from scipy import integrate, stats
 
 from dpbench.core.errors import ConfigurationError
 from dpbench.privacy.mechanisms import SubsampledGaussian
@@ -16,6 +16,7 @@ from dpbench.privacy.sparse_step_accounting import SubsampledSelectionGaussian
 from dpbench.privacy.tuning import ORDERS as TUNING_ORDERS
 from dpbench.privacy.tuning import TrialCount, subsampled_gaussian_run, tuning_epsilon
 from dpbench.privacy.tuning_draws import draw_trial_count, noisy_score
+from tests.helpers.rdp_reference import sampled_gaussian_rdp
 
 DELTA = 1e-5
 TRIAL = (500 / 4500, 2.4, 180)  # (q, sigma, T) of one trial: the CNN task's batch of 500 over 4,500 examples
@@ -23,18 +24,6 @@ FINAL = (0.1, 2.4, 200)  # the final run over all 5,000
 SCORE_SIGMA = 10.0
 MEAN, ETA = 10.0, 0.5
 ORDERS = np.array(TUNING_ORDERS)  # Theorem 2 by hand at the accountant's orders
-
-
-def sampled_gaussian_rdp(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
-    """Mironov, Talwar & Zhang (2019): at integer a, exp((a - 1) RDP) = sum_k C(a, k) (1-q)^(a-k) q^k e^((k^2-k)/(2
-    sigma^2))."""
-    out = []
-    for a in orders:
-        k = np.arange(a + 1)
-        log_terms = (special.gammaln(a + 1) - special.gammaln(k + 1) - special.gammaln(a - k + 1)
-                     + (a - k) * math.log1p(-q) + k * math.log(q) + (k * k - k) / (2 * sigma**2))
-        out.append(special.logsumexp(log_terms) / (a - 1))
-    return np.array(out)
 
 
 def theorem2(rdp: np.ndarray, orders: np.ndarray, mean: float, eta: float, gamma: float) -> np.ndarray:

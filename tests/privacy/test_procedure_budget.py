@@ -6,11 +6,11 @@ import math
 import numpy as np
 import pytest
 from dp_accounting import dp_event, pld, rdp
-from scipy import special
 
 from dpbench.core.errors import ConfigurationError
 from dpbench.privacy.procedure import Procedure, calibrate_procedure, procedure_epsilon
 from dpbench.privacy.tuning import ORDERS, TrialCount, subsampled_gaussian_run, tuning_epsilon
+from tests.helpers.rdp_reference import sampled_gaussian_rdp
 
 DELTA = 1e-5
 TRIAL_Q, TRIAL_STEPS = 100 / 4500, 90  # a trial trains on the training split less the validation split
@@ -75,17 +75,6 @@ def test_scores_too_noisy_to_fit_are_unreachable_and_bad_procedures_refused():
     for args, message in [((-1, 5, 1.0), "trials"), ((3, 0, 1.0), "finals"), ((3, 5, 0.0), "noise multiplier")]:
         with pytest.raises(ConfigurationError, match=message):
             Procedure(*args)
-
-
-def sampled_gaussian_rdp(q: float, sigma: float, orders: np.ndarray) -> np.ndarray:
-    """Mironov, Talwar & Zhang (2019) at integer orders."""
-    out = []
-    for a in orders:
-        k = np.arange(a + 1)
-        log_terms = (special.gammaln(a + 1) - special.gammaln(k + 1) - special.gammaln(a - k + 1)
-                     + (a - k) * math.log1p(-q) + k * math.log(q) + (k * k - k) / (2 * sigma**2))
-        out.append(special.logsumexp(log_terms) / (a - 1))
-    return np.array(out)
 
 
 def test_private_tuning_composes_every_evaluation_seed_s_final_run():

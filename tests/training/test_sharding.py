@@ -22,6 +22,7 @@ from torch.distributed.device_mesh import init_device_mesh
 
 from dpbench.core.optim import OptimizerConfig
 from dpbench.core.tasks import ClassificationTask
+from dpbench.models.provenance import built_by_dpbench
 from dpbench.privacy.randomness import PrivacyRandomness
 from dpbench.privatizers import PrivacySettings, make_strategy
 from dpbench.privatizers.base import StepContext
@@ -31,9 +32,18 @@ from tests.helpers.cli import FAST, ROOT, dpbench, results
 SIGMA, CLIP, BATCH, ROOT_SEED, STEP = 1.3, 0.5, 12, 5, 3
 
 
+class _Heads(nn.Module):
+    """Splits each sample's features into heads of 3 with a -1 that an empty batch cannot resolve (as OPT's attention
+    reshape cannot): a rank with no sample must still run its forward on something."""
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return x.reshape(x.shape[0], -1, 3).relu().reshape(x.shape[0], -1)
+
+
 def _model() -> nn.Module:
+    """9- and 3-row weights (uneven shards)."""
     torch.manual_seed(0)
-    return nn.Sequential(nn.Linear(6, 9), nn.ReLU(), nn.LayerNorm(9), nn.Linear(9, 3))  # 9, 3 rows: uneven shards
+    return built_by_dpbench(nn.Sequential(nn.Linear(6, 9), _Heads(), nn.LayerNorm(9), nn.Linear(9, 3)))
 
 
 def _batch():

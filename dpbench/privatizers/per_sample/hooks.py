@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch import Tensor, nn
 from torch.autograd.graph import GradientEdge, get_gradient_edge
-from torch.utils._pytree import TreeSpec, tree_flatten, tree_unflatten
+from torch.utils._pytree import TreeSpec, tree_flatten, tree_map, tree_unflatten
 
 from dpbench.core.errors import UnsupportedModelError
 from dpbench.core.tasks import Batch, Task, batch_size_of
@@ -236,6 +236,8 @@ class HookEngine:
 
         `checked`: the calls of the checked pass, which the training step after a check must repeat.
         """
+        if batch_size_of(batch) == 0 and sharded_model(self.model):
+            return self._join_the_gathers(task, batch)
         losses = self._forward(task, batch)
         calls, self._calls = self._calls, []
         called = self._check_calls(losses, calls, checked)
@@ -254,6 +256,21 @@ class HookEngine:
             for param, site in site_map.items():
                 sites[self.names[param]].append(site)
         return sites, losses.detach(), called
+
+    def _join_the_gathers(self, task: Task, batch: Batch) -> tuple[dict[str, list[Site]], Tensor, Counter]:
+        """An empty share of a sharded step: this rank's forward and backward run on one constant sample (a model
+        may not take an empty batch: OPT's attention reshape cannot), so that it joins the other ranks' parameter
+        gathers, as the same backward as theirs; no site, loss or gradient of it is kept, and the sample is no
+        record's (its values are constants)."""
+        inputs, targets = batch
+        one = (tree_map(lambda t: torch.ones((1, *t.shape[1:]), dtype=t.dtype, device=t.device), inputs),
+               torch.zeros((1, *targets.shape[1:]), dtype=targets.dtype, device=targets.device))
+        losses = self._forward(task, one)
+        calls, self._calls = self._calls, []
+        called = self._check_calls(losses, calls, None)
+        self._output_grads(losses, calls)
+        self._streamed_sites().clear()
+        return {}, losses.detach()[:0], called
 
     def _streamed_sites(self) -> list[SiteMap]:
         """Sites formed during the backward pass (GRAPE's projected layers)."""
