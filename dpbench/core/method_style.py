@@ -37,13 +37,15 @@ FIRST = [("vanilla", "sgd"), ("vanilla", "adam"), ("nonprivate", "sgd"), ("nonpr
 """The methods compared most often come first, so that each gets a hue of its own (the ViT task alone shows twelve
 methods and rungs)."""
 VARIANTS = ("r=2", "r=10", "r=1", "r=5", "r=30", "r=3", "p = 0.3 d", "constant noise, p = 0.3 d",
-            "materialized per-sample gradients", "ghost norms", "paper's S2, sparsity")
+            "materialized per-sample gradients", "ghost norms", "paper's S2, sparsity", "LoRA, rank 8")
 """Variants the leaderboard and the frontier show, in a fixed order: each takes the next lightness, so the variants
 of one method shown together (JL's rungs, D2P2's and DP2's projections) never share a colour and the two usually
 shown side by side (r=2 and r=10) are one dark, one light. A variant not listed gets its place from its text's
 checksum."""
-NAMES = {"D2P-SGD (no projection)": "D2P-SGD", "DP2-SGD (constant noise)": "DP2-SGD"}
-"""Labels the leaderboard's suite gives a method in words: the same method as in a sweep report, the same style."""
+NAMES = {"D2P-SGD (no projection)": "D2P-SGD", "DP2-SGD (constant noise)": "DP2-SGD",
+         "DP-LoRA (Adam, rank 8)": "DP-Adam (LoRA, rank 8)"}
+"""Labels the leaderboard's suite gives a method in words: the same method as in a sweep report, the same style
+(DP-LoRA is DP-Adam on adapters: a shade of DP-Adam's hue)."""
 
 LEGEND_ROWS = 10
 """Entries a legend column holds in every figure: a longer legend is split into columns."""
