@@ -117,7 +117,7 @@ def privatizing(strategy: PrivatizerStrategy, model: nn.Module) -> Iterator[None
     model's forwards, everything else in float32 (per_sample.precision)."""
     device_type = next((p.device.type for p in model.parameters()), "cpu")
     dtype = check_step_precision(device_type, strategy.name, strategy.supports_mixed_precision,
-                                 tuple(mixed_precision_privatizers()))
+                                 mixed_precision_privatizers)
     with float32_step(device_type, dtype):
         yield
 

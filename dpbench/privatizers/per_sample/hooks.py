@@ -269,7 +269,6 @@ class HookEngine:
         calls, self._calls = self._calls, []
         called = self._check_calls(losses, calls, None)
         self._output_grads(losses, calls)
-        self._streamed_sites().clear()
         return {}, losses.detach()[:0], called
 
     def _streamed_sites(self) -> list[SiteMap]:

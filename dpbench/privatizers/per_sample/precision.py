@@ -11,7 +11,7 @@ scale, which would have to be undone per sample before the norm.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager, nullcontext
 from contextvars import ContextVar
 from typing import Any
@@ -34,8 +34,9 @@ def ambient_autocast(device_type: str) -> torch.dtype | None:
 
 
 def check_step_precision(device_type: str, strategy_name: str, supports_mixed_precision: bool,
-                         supported: tuple[str, ...]) -> torch.dtype | None:
-    """The step's autocast dtype, refused where the privatizer or the dtype cannot keep the bound exact."""
+                         supported: Callable[[], Iterable[str]]) -> torch.dtype | None:
+    """The step's autocast dtype, refused where the privatizer or the dtype cannot keep the bound exact
+    (`supported`, the privatizers that can, is read only for the refusal: not on every step)."""
     dtype = ambient_autocast(device_type)
     if dtype is None:
         return None
@@ -45,7 +46,7 @@ def check_step_precision(device_type: str, strategy_name: str, supports_mixed_pr
             "undone per sample before clipping; use bf16 (trainer.precision=bf16-mixed)"
         )
     if not supports_mixed_precision:
-        raise unsupported_mixed_precision(strategy_name, supported)
+        raise unsupported_mixed_precision(strategy_name, tuple(supported()))
     return dtype
 
 
