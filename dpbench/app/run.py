@@ -31,6 +31,7 @@ from dpbench.core.methods import method_label, off_paper, with_precision, with_v
 from dpbench.core.redaction import SECRET, public_config
 from dpbench.core.registry import options
 from dpbench.core.results import RunResults, StoppedRun, summary_text, write_json_atomic, write_results
+from dpbench.core.tasks import score_bound_of
 from dpbench.data import load_data
 from dpbench.data.bundle import DataBundle
 from dpbench.models import MODELS, build_model
@@ -416,7 +417,7 @@ def _results(cfg: DictConfig, prepared: PreparedRun, ledger: PrivacyLedger, sess
     report = ledger.epsilon() if plan.private else None
     if report and (not ledger.epsilon_history or ledger.epsilon_history[-1][0] != ledger.steps):
         ledger.epsilon_history.append((ledger.steps, report.epsilon))  # resumed past its last epoch's end
-    metric = data.task.metric_name
+    metric, bound = data.task.metric_name, score_bound_of(data.task)
     memory = profiler.memory
     checkpointing = session.checkpointing
     return RunResults(
@@ -470,6 +471,9 @@ def _results(cfg: DictConfig, prepared: PreparedRun, ledger: PrivacyLedger, sess
         test_score=float(evaluation.tested[f"test/{metric}"]),
         test_loss=float(evaluation.tested["test/loss"]),
         validation_score=float(evaluation.validated[f"val/{metric}"]) if evaluation.validated else None,
+        validation_capped_loss=(float(evaluation.validated["val/capped_loss"])
+                                if evaluation.validated and bound is not None else None),
+        score_bound=bound,
         samples_per_s=profiler.samples_per_s,
         step_time_s=profiler.summary().get("profile/step_time_s"),
         peak_memory_mb=(sum(profiler.rank_peaks_mb) if profiler.rank_peaks_mb else profiler.peak_mb),

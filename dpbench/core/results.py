@@ -100,6 +100,11 @@ class RunResults:
     test_score: float
     test_loss: float
     validation_score: float | None
+    validation_capped_loss: float | None
+    """The validation split's mean loss with each example's capped at score_bound: what a total budget releases
+    (with noise) for a loss task. Null without a bound or a validation split."""
+    score_bound: float | None
+    """The task's cap B on each example's loss (Task.score_bound), null where it has none (accuracy needs none)."""
     # cost
     samples_per_s: float | None
     step_time_s: float | None

@@ -185,21 +185,27 @@ class Scheduler:
 
     def _choose_noisily(self, task: Task, variant: Variant, epsilon: float, cells: list[Cell],
                         budget: TotalBudget) -> Cell | str:
-        """The trial with the best released score (its validation accuracy plus the accounted Gaussian noise; a
-        finished trial without a finite accuracy scores 0), recorded with the calibration for the report."""
+        """The trial with the best released score, recorded with the calibration for the report: its validation
+        accuracy (the largest wins), or a loss task's validation loss capped at B per example (the smallest wins),
+        plus the accounted Gaussian noise of std z/n or z B/n; a finished trial without that score scores the worst
+        (0, or B)."""
         randomness = suite_randomness(self.root)
+        bound = budget.score_bound
         released, by_point = [], {}
         for cell in cells:
             outcome = read_outcome(cell.directory(self.root))
             if outcome is None or outcome.results is None:
                 continue
-            score = noisy_score(randomness, outcome.value("validation") or 0.0,
+            exact = outcome.value("validation") if bound is None else outcome.results.get("validation_capped_loss")
+            worst = 0.0 if bound is None else bound
+            score = noisy_score(randomness, worst if exact is None else exact,
                                 int(outcome.results["validation_size"]), budget.score_noise_multiplier, cell.trial,
-                                FIXED_COUNT_SCORES, _score_key(task, variant, epsilon))
+                                FIXED_COUNT_SCORES, _score_key(task, variant, epsilon),
+                                score_range=1.0 if bound is None else bound)
             released.append([cell.trial, cell.lr, cell.clip_norm, score])
             by_point[(cell.lr, cell.clip_norm)] = cell
         write_budget(budget_path(self.root, task.name, variant.name, epsilon), budget.with_scores(released))
-        best = best_trial([(lr, clip, score) for _, lr, clip, score in released], maximize=True)
+        best = best_trial([(lr, clip, score) for _, lr, clip, score in released], maximize=bound is None)
         return UNFINISHED if best is None else by_point[best[:2]]
 
     def _budget(self, task: Task, method: Method, variant: Variant, epsilon: float | None,
@@ -215,16 +221,18 @@ class Scheduler:
             trial = trial_cell(self.suite, task, method, variant, epsilon, 0, lr, clip, 1.0)
             final = cell_for(self.suite, task, method, variant, "test", epsilon, self.suite.seeds[0], None, lr, clip,
                              1.0)
-            problem = TotalBudget(epsilon, task.delta, trials, len(self.suite.seeds), self.suite.tuning.score_noise,
+            problem = TotalBudget(epsilon, task.delta, trials, len(self.suite.seeds),
+                                  self.suite.tuning.score_noise_at(epsilon),
                                   [trial.overrides, final.overrides])
             path = budget_path(self.root, task.name, variant.name, epsilon)
             earlier = read_budget(path)
             if earlier is not None and earlier.matches(problem):
                 self.budgets[key] = earlier
+            elif self.dry_run:  # a listing needs no sigma: every cell of an uncalibrated budget is still to run
+                self.budgets[key] = problem
             else:
                 self.budgets[key] = self._calibrate(problem)
-                if not self.dry_run:
-                    write_budget(path, self.budgets[key])
+                write_budget(path, self.budgets[key])
         return self.budgets[key]
 
     def _calibrate(self, problem: TotalBudget) -> TotalBudget:

@@ -33,6 +33,8 @@ PRIVACY_PATHS = (
     "dpbench/core/config.py",
     "dpbench/leaderboard/private_selection.py",
     "dpbench/leaderboard/private_tuning.py",
+    "dpbench/leaderboard/total_budget.py",
+    "dpbench/leaderboard/cell_order.py",
     "conf/config.yaml",
     "conf/privatizer/",
 )
@@ -41,7 +43,8 @@ clipping, noise and projections and the per-sample engines (privatizers/); the a
 and secret randomness (privacy/); the private step, the Lightning module around it, the plain-loop wrapper, the
 Poisson loader, the ledger's budget stop and a resume's replay of steps, noise and randomness (training/); the
 run's wiring of the privacy plan (app/run.py); the privacy defaults of the config schema and of conf/, and the
-strategies' configs; and the leaderboard's private tuning, whose epsilon the report prints. Models, data sets,
+strategies' configs; and the leaderboard's private tuning and total budgets (their calibration, and the choice on
+the released noisy scores), whose epsilons the report prints. Models, data sets,
 profiling and reporting are left out: they change what a cell measures, not whether its privacy figures hold."""
 
 ALLOW_FLAG = "--allow-mixed-commits"

@@ -13,6 +13,7 @@ from typing import Any
 
 import torch
 
+from dpbench.core.tasks import NegativeSamplingTask
 from dpbench.core.wording import counted
 from dpbench.leaderboard.accountants import accountant_lines
 from dpbench.leaderboard.cells import Outcome, read_outcomes
@@ -147,7 +148,7 @@ def _total_text(budget: TotalBudget) -> str:
     runs = f"{counted(budget.trials, 'trial')}, {counted(budget.finals, 'final run')}"
     if not budget.scored:
         return (f"; epsilon {budget.per_run:.2f} per run, {budget.total:.2f} over {runs} without the selection on the "
-                f"exact validation loss (not accounted)")
+                f"exact validation loss, which has no bound (not accounted)")
     return f"; total epsilon {budget.total:.2f} ({runs}), {budget.per_run:.2f} per run"
 
 
@@ -491,6 +492,7 @@ def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str
         + ".",
         f"- Budgets: {'total ' if suite.total else ''}epsilon {', '.join(f'{b:g}' for b in suite.budgets)} at "
         f"{_deltas(suite)} (each below 1/N, N the task's training-set size: a run refuses a delta at or above it).",
+        *([f"- What this profile runs, and why: {suite.choice}"] if suite.choice else []),
         _fairness(suite),
         *_protocol(suite),
         found.commits.report_line(),
@@ -500,7 +502,7 @@ def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str
          "and with tuning. JL's and D2P2's random-sensitivity steps enter as Renyi bounds with their scale's "
          "dangerous tail left out and charged to delta; where that bound is infinite (JL at few projections) the "
          "cell says not accounted." if any(isinstance(r, Selection) for r in selections.values()) else
-         _total_line(suite) if suite.total else
+         _total_line(suite) + "\n" + _resolution_line(suite) if suite.total else
          "- **The epsilon of each run does not count the tuning**: choosing among the trials on private data spends "
          "privacy that no figure here includes (`--private-tuning` tunes privately and counts it)."),
         "- A method that cannot reach a budget is shown as `cannot reach epsilon X: <dpbench's reason>`; JL runs "
@@ -540,16 +542,43 @@ def _fairness(suite: Suite) -> str:
             "own.")
 
 
+def _score_noises(suite: Suite) -> str:
+    """'20' or '20 at epsilon 1, 10 at epsilon 3, ...'."""
+    noise = suite.tuning.score_noise
+    if not isinstance(noise, dict):
+        return f"{noise:g}"
+    return ", ".join(f"{noise[budget]:g} at epsilon {budget:g}" for budget in suite.budgets)
+
+
+def _resolution_line(suite: Suite) -> str:
+    """The selection's resolution beside the intervals it must stay below: the released score's noise standard
+    deviation z/n in percent of the score's range (points of accuracy), per task and budget."""
+    rows = []
+    for task in suite.tasks:
+        if task.skip_reason() or task.fixed or task.cost_only:
+            continue
+        budgets = task.budgets or suite.budgets
+        spread = ", ".join(f"{100 * suite.tuning.score_noise_at(b) / task.validation_size:.2g} at epsilon {b:g}"
+                           for b in budgets)
+        rows.append(f"{task.name} (n = {task.validation_size:,}): {spread}")
+    return ("- Selection's resolution (the released score's noise standard deviation z/n, in percent of the score's "
+            "range: points of accuracy, or percent of a loss task's cap on each example's loss): " + "; ".join(rows)
+            + ". Compare it with each cell's interval: a trial is told apart from another only by more than about "
+            "twice this.")
+
+
 def _total_line(suite: Suite) -> str:
     return (f"- **Each budget is a total, tuning included**: a private cell's epsilon is what its whole procedure "
             f"spends on the data, the composition (dpbench's accountant, the same for every method) of its "
-            f"{counted(suite.trials, 'trial')}, each trial's validation accuracy released with Gaussian noise "
-            f"(noise multiplier {suite.tuning.score_noise:g} in units of its sensitivity 1/n), and its "
+            f"{counted(suite.trials, 'trial')}, each trial's validation score released with Gaussian noise "
+            f"(noise multiplier {_score_noises(suite)} in units of its sensitivity: 1/n for accuracy; B/n for a task "
+            f"scored by a loss, whose score is its validation loss with each example's loss capped at the task's B, "
+            f"{NegativeSamplingTask.score_bound:g} for word2vec), and its "
             f"{counted(len(suite.seeds), 'final run')}, one per evaluation seed, each released; every run's noise is "
             "calibrated so that this total meets the budget. Each cell shows the total and one final run's epsilon "
             "(per run). The trials' exact validation values are not released: the tuning summary and cells.csv show "
-            "their noisy scores. Where a task is scored by a loss (unbounded) no noisy score is released, the choice "
-            "uses the exact loss, and the cell says that selection is not accounted.")
+            "their noisy scores. Only a task scored by a loss that declares no bound (a plugin's) releases no noisy "
+            "score: its choice uses the exact loss, and its cell says that selection is not accounted.")
 
 
 def _protocol(suite: Suite) -> list[str]:

@@ -122,6 +122,9 @@ class Suite:
     """TOTAL: each budget is what a cell's whole procedure spends (its trials, their noisy scores, every final
     run), each run's noise calibrated so; PER_RUN: each run alone spends the budget, the tuning uncounted (a smoke
     profile's, or --private-tuning's, which counts its own)."""
+    choice: str | None = None
+    """Why the profile runs these tasks, methods, budgets and seeds (what fits its machine time): the report
+    states it."""
 
     @property
     def total(self) -> bool:
@@ -192,9 +195,16 @@ def _grid(raw: dict[str, Any], where: str) -> GridSpec:
     try:
         return GridSpec(int(raw["lr_points"]), int(raw["clip_points"]), float(raw["max_growth"]),
                         bool(raw["each_budget"]), None if raw.get("trials") is None else int(raw["trials"]),
-                        float(raw.get("score_noise", DEFAULT_SCORE_NOISE)))
+                        _score_noise(raw.get("score_noise", DEFAULT_SCORE_NOISE)))
     except KeyError as missing:
         raise ConfigurationError(f"{where}.tuning lacks {missing}") from None
+
+
+def _score_noise(raw: float | dict[Any, Any]) -> float | dict[float, float]:
+    """One noise multiplier, or one per budget ({1: 20, 3: 10, 8: 5})."""
+    if isinstance(raw, dict):
+        return {float(budget): float(noise) for budget, noise in raw.items()}
+    return float(raw)
 
 
 def _budget(chosen: dict[str, Any], tuning: GridSpec, smoke: bool, where: str) -> str:
@@ -289,11 +299,14 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
     tuning_seed, smoke = int(chosen.get("tuning_seed", 0)), bool(chosen.get("smoke", False))
     _check_seeds(seeds, tuning_seed, smoke, f"{path}: profile {profile!r}")
     tuning = _grid(chosen.get("tuning") or {}, f"{path}: profiles.{profile}")
+    for budget in budgets:
+        tuning.score_noise_at(budget)  # a per-budget mapping names every budget, else refused here
     return Suite(
         profile=profile, delta=float(raw["delta"]), common=tuple(raw.get("common", [])), budgets=budgets,
         tune_epsilon=tune_epsilon, tuning=tuning, seeds=seeds, tasks=tuple(tasks), path=path,
         omitted=tuple(name for name in raw.get("tasks", {}) if name not in chosen["tasks"]),
         tuning_seed=tuning_seed, smoke=smoke, budget=_budget(chosen, tuning, smoke, f"{path}: profile {profile!r}"),
+        choice=chosen.get("choice"),
     )
 
 

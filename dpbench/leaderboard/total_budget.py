@@ -1,12 +1,12 @@
 """A profile with `budget: total`: each cell's noise calibrated so that its whole procedure spends the budget.
 
 Per (task, variant, budget) the procedure is the profile's K trials (each a training run on the training split less
-the validation split, and its validation accuracy released with Gaussian noise), then one final run per evaluation
-seed, all at one noise multiplier sigma. dpbench.privacy.procedure composes them and calibrates sigma so that the
-total meets the budget; the choice among the trials is made on the released noisy scores (post-processing). The
-record (budget_eps<E>.json beside the variant's cells) keeps sigma, the total, the per-run figures and the released
-scores, so that a resumed suite reuses them and the report shows them; it counts only for the overrides it was
-calibrated on (an edited suite entry calibrates again).
+the validation split, and its validation accuracy, or a loss task's capped validation loss, released with Gaussian
+noise), then one final run per evaluation seed, all at one noise multiplier sigma. dpbench.privacy.procedure
+composes them and calibrates sigma so that the total meets the budget; the choice among the trials is made on the
+released noisy scores (post-processing). The record (budget_eps<E>.json beside the variant's cells) keeps sigma, the
+total, the per-run figures and the released scores, so that a resumed suite reuses them and the report shows them;
+it counts only for the overrides it was calibrated on (an edited suite entry calibrates again).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 
 from dpbench.core.errors import ConfigurationError
 from dpbench.core.results import write_json_atomic
+from dpbench.core.tasks import Task, score_bound_of
 from dpbench.privacy.accounting import epsilon
 from dpbench.privacy.calibration import UnreachableEpsilonError
 from dpbench.privacy.mechanisms import Composition
@@ -25,8 +26,6 @@ from dpbench.privacy.procedure import Procedure, calibrate_procedure, procedure_
 
 PLANNING_OVERRIDES = ("privacy.allow_infinite_epsilon=true", "privacy.max_epsilon=null")
 """Planning a run at a placeholder sigma must not refuse it for that sigma's epsilon: only its composition is used."""
-UNBOUNDED_SCORE = ("its validation loss is unbounded, so no noisy score is released and the selection on the exact "
-                   "loss is not accounted: the total counts the trials' and final runs' training only")
 
 
 @dataclass(frozen=True)
@@ -41,8 +40,11 @@ class TotalBudget:
     inputs: list[list[str]]
     """The trial's and final run's overrides at a placeholder sigma: what was calibrated."""
     scored: bool = True
-    """False: the task is scored by a loss, no noisy score is released, and its selection is not accounted
-    (UNBOUNDED_SCORE)."""
+    """False: the task is scored by a loss without a bound, no noisy score is released, and its selection is not
+    accounted (the report says so beside the cell)."""
+    score_bound: float | None = None
+    """A loss task's cap B (Task.score_bound): each trial releases its validation loss capped at B per example,
+    whose sensitivity B/n scales the noise (z B/n) but not the Gaussian's epsilon. None: the score is accuracy."""
     noise_multiplier: float | None = None
     total: float | None = None
     per_run: float | None = None
@@ -75,26 +77,29 @@ def write_budget(path: Path, budget: TotalBudget) -> None:
     write_json_atomic(path, asdict(budget))
 
 
-def composition_for(overrides: list[str]) -> tuple[Callable[[float], Composition], str]:
-    """The run's composition as a function of sigma, and its metric, planned as its cell would run (a refusal
+def composition_for(overrides: list[str]) -> tuple[Callable[[float], Composition], Task]:
+    """The run's composition as a function of sigma, and its task, planned as its cell would run (a refusal
     raises ConfigurationError, as the cell would be refused)."""
     from dpbench.app.hydra_setup import compose
     from dpbench.app.run import prepare_run
 
     prepared = prepare_run(compose([*overrides, *PLANNING_OVERRIDES]))
     strategy, steps = prepared.strategy, prepared.budget_steps
-    return (lambda sigma: strategy.composition(sigma, steps)), prepared.data.task.metric_name
+    return (lambda sigma: strategy.composition(sigma, steps)), prepared.data.task
 
 
 def calibrate_budget(problem: TotalBudget) -> TotalBudget:
     """Sigma for the problem's target, with the total and per-run epsilons it gives; a refusal's reason instead
     where the runs are refused or no sigma reaches the total."""
     try:
-        trial_for, metric = composition_for(problem.inputs[0])
+        trial_for, task = composition_for(problem.inputs[0])
         final_for, _ = composition_for(problem.inputs[1])
     except ConfigurationError as error:
         return replace(problem, reason=str(error))
-    if metric != "accuracy":
+    bound = score_bound_of(task)
+    if task.metric_name == "loss" and bound is not None:
+        problem = replace(problem, score_bound=bound)
+    elif task.metric_name != "accuracy":
         problem = replace(problem, scored=False)
     procedure = procedure_of(problem)
     try:

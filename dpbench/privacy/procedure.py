@@ -31,7 +31,8 @@ class Procedure:
     trials: int
     finals: int
     score_noise_multiplier: float | None
-    """None: no score is released (a score without a bound, e.g. a loss, whose selection this does not account)."""
+    """None: no score is released (a score without a bound, e.g. a loss not capped per example, whose selection this
+    does not account)."""
 
     def __post_init__(self) -> None:
         for name, count, least in (("trials", self.trials, 0), ("finals", self.finals, 1)):

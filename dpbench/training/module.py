@@ -10,7 +10,7 @@ from torch import nn
 
 from dpbench.core.errors import ConfigurationError
 from dpbench.core.optim import OptimizerConfig
-from dpbench.core.tasks import Batch, Task
+from dpbench.core.tasks import Batch, Task, capped_losses, score_bound_of
 from dpbench.privacy.ledger import PrivacyLedger
 from dpbench.privatizers import distributed
 from dpbench.privatizers.base import PrivatizerStrategy, StepContext
@@ -92,11 +92,18 @@ class DPModule(L.LightningModule):
             self.log(f"train/{key}", value, on_step=True, on_epoch=False, batch_size=1)
 
     def _evaluate(self, batch: Batch, prefix: str) -> None:
+        """The epoch means of the loss and the metric; with a score bound B also the mean loss capped at B per
+        example (`capped_loss`), the score private tuning releases for a loss task."""
         loss_sum, metric_sum, count = self.task.metric_counts(self.model, batch)
         self.log(f"{prefix}/loss", loss_sum / max(count, 1), on_epoch=True, batch_size=count)
         if self.task.metric_name != "loss":
             self.log(f"{prefix}/{self.task.metric_name}", metric_sum / max(count, 1), on_epoch=True,
                      batch_size=count, prog_bar=True)
+        bound = score_bound_of(self.task)
+        if bound is not None:
+            with torch.no_grad():
+                capped = capped_losses(self.task.per_sample_loss(self.model, batch), bound)
+            self.log(f"{prefix}/capped_loss", float(capped.sum()) / max(count, 1), on_epoch=True, batch_size=count)
 
     def validation_step(self, batch: Batch, batch_idx: int) -> None:
         self._evaluate(batch, self.validation_prefix)

@@ -167,3 +167,33 @@ def test_a_headline_profile_must_count_its_tuning_and_the_shipped_one_does(tmp_p
     full = load_suite("full")
     assert full.total and not full.tuning.grows and full.tuning.each_budget
     assert full.trials == full.tuning.lr_points * full.tuning.clip_points or full.tuning.count is not None
+
+
+def test_a_per_budget_score_noise_reaches_each_budgets_calibration(tmp_path):
+    path = tmp_path / "suite.yaml"
+    path.write_text(TOTAL.replace("score_noise: 20}", "score_noise: {1: 20, 3: 10}}"))
+    scheduler = _scheduler(load_suite("p", path), tmp_path / "cells")
+    scheduler.run()
+    noises = {(p.target, p.score_noise_multiplier) for p in scheduler.calibrated}
+    assert noises == {(1.0, 20.0), (3.0, 10.0)}
+    assert read_budget(budget_path(tmp_path / "cells", "cnn", "dpsgd", 3.0)).score_noise_multiplier == 10.0
+    path.write_text(TOTAL.replace("score_noise: 20}", "score_noise: {3: 10}}"))
+    with pytest.raises(ConfigurationError, match="names no noise for budget 1"):
+        load_suite("p", path)
+
+
+def test_a_dry_run_calibrates_nothing_and_lists_an_uncalibrated_budgets_cells_to_run(suite, tmp_path):
+    root = tmp_path / "cells"
+    listing = Calibrated(suite, root, dry_run=True)
+    listing.calibrated = []
+    listing.run()
+    assert listing.calibrated == [] and not list(root.glob("**/budget_eps*.json"))
+    private = [c for c in listing.planned if c.variant == "dpsgd"]
+    assert private and all(f"privacy.epsilon={c.epsilon:g}" in c.overrides for c in private)
+    _scheduler(suite, root).run()
+    again = Calibrated(suite, root, dry_run=True)
+    again.calibrated = []
+    again.run()
+    budget = read_budget(budget_path(root, "cnn", "dpsgd", 3.0))
+    assert again.calibrated == []
+    assert any(f"privacy.noise_multiplier={budget.noise_multiplier!r}" in c.overrides for c in again.planned)
