@@ -13,6 +13,7 @@ together spend the budget, and the choice is made on the released noisy scores.
 from __future__ import annotations
 
 import logging
+import threading
 import zlib
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
 from pathlib import Path
@@ -73,6 +74,8 @@ class Scheduler:
         self.total = suite.total and self.selector is None
         """Calibrate each private cell's noise to the budget as a total (private tuning accounts its own)."""
         self.budgets: dict[tuple[str, str, float, int], TotalBudget] = {}
+        self.calibrating = threading.Lock()
+        """Calibrations plan runs through Hydra's process-wide state: one at a time, whatever --jobs is."""
         self.planned: list[Cell] = []
 
     def _run(self, cell: Cell) -> str:
@@ -216,6 +219,11 @@ class Scheduler:
         if not self.total or epsilon is None or not method.private or task.noise_multiplier is not None:
             return None
         key = (task.name, variant.name, epsilon, trials)
+        with self.calibrating:
+            return self._budget_locked(key, task, method, variant, epsilon, trials)
+
+    def _budget_locked(self, key: tuple[str, str, float, int], task: Task, method: Method, variant: Variant,
+                       epsilon: float, trials: int) -> TotalBudget:
         if key not in self.budgets:
             lr, clip = start_grid(self.suite, task, method).points()[0]  # neither changes sigma, q or the steps
             trial = trial_cell(self.suite, task, method, variant, epsilon, 0, lr, clip, 1.0)

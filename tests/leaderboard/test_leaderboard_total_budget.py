@@ -4,6 +4,8 @@ per-run epsilon (and only the noisy scores of the trials)."""
 
 import csv
 import json
+import threading
+import time
 from dataclasses import replace
 
 import pytest
@@ -197,3 +199,25 @@ def test_a_dry_run_calibrates_nothing_and_lists_an_uncalibrated_budgets_cells_to
     budget = read_budget(budget_path(root, "cnn", "dpsgd", 3.0))
     assert again.calibrated == []
     assert any(f"privacy.noise_multiplier={budget.noise_multiplier!r}" in c.overrides for c in again.planned)
+
+
+class Concurrent(Calibrated):
+    """Counts calibrations under way at once (each plans its runs through Hydra's process-wide state)."""
+
+    def _calibrate(self, problem: TotalBudget) -> TotalBudget:
+        with self.counting:
+            self.active += 1
+            self.most = max(self.most, self.active)
+        time.sleep(0.05)
+        try:
+            return super()._calibrate(problem)
+        finally:
+            with self.counting:
+                self.active -= 1
+
+
+def test_pipelines_run_at_once_calibrate_one_at_a_time(suite, tmp_path):
+    scheduler = Concurrent(suite, tmp_path / "cells", jobs=2)
+    scheduler.calibrated, scheduler.counting, scheduler.active, scheduler.most = [], threading.Lock(), 0, 0
+    scheduler.run()
+    assert len(scheduler.calibrated) >= 3 and scheduler.most == 1
