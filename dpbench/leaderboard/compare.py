@@ -37,16 +37,22 @@ class Paired:
 
     def text(self) -> str:
         """'+1.2 points [-0.3, +2.7] over 3 paired seeds' (accuracy), or a loss's own difference (lower is better)."""
-        sign = -1.0 if self.metric == "loss" else 1.0  # back to the metric's own direction
-
-        def number(x: float) -> str:
-            return f"{100 * x:+.1f}" if self.metric == "accuracy" else f"{x:+.3f}"
-
-        body = number(sign * self.difference) + (" points" if self.metric == "accuracy" else "")
+        body = self.amount(self.difference)
         if self.interval is None:
             return f"{body} (one seed: no interval)"
-        low, high = sorted(sign * x for x in self.interval)
-        return f"{body} [{number(low)}, {number(high)}] over {self.seeds} paired seeds"
+        low, high = sorted(self._sign * x for x in self.interval)
+        return f"{body} [{self._number(low)}, {self._number(high)}] over {self.seeds} paired seeds"
+
+    def amount(self, difference: float) -> str:
+        """A signed difference in the metric's own direction and units: '-2.0 points', or a loss's '+0.100'."""
+        return self._number(self._sign * difference) + (" points" if self.metric == "accuracy" else "")
+
+    @property
+    def _sign(self) -> float:
+        return -1.0 if self.metric == "loss" else 1.0  # back to the metric's own direction
+
+    def _number(self, x: float) -> str:
+        return f"{100 * x:+.1f}" if self.metric == "accuracy" else f"{x:+.3f}"
 
     def p_value(self, line: float) -> float | None:
         """Two-sided paired t test of a mean difference equal to `line`; None under two seeds (no spread). Seeds

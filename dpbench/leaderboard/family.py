@@ -110,10 +110,13 @@ class Family:
         return HOLDS if test.comparison.difference > test.line else FAILS
 
     def evidence(self, test: Test | None) -> str:
-        """', p 0.012, Holm 0.036' for a tested claim, '' for an untested one."""
+        """', p 0.012, Holm 0.036' for a tested claim ("better": a difference of 0), ', p 0.012 against -2.0 points,
+        Holm 0.036' for a claim tested against another line (a non-inferiority margin), '' for an untested one: the
+        same pair reads different p-values under different claims."""
         if test is None or test.p_value is None:
             return ""
-        return f", p {_p(test.p_value)}, Holm {_p(self._adjusted(test))}"
+        line = "" if test.line == 0.0 else f" against {test.comparison.amount(test.line)}"
+        return f", p {_p(test.p_value)}{line}, Holm {_p(self._adjusted(test))}"
 
     @property
     def held(self) -> int:

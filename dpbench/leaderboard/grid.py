@@ -178,10 +178,18 @@ def best_trial(trials: list[Trial], maximize: bool) -> Trial | None:
     return min(finished, key=lambda t: (-sign * t[2], t[0], -math.inf if t[1] is None else t[1]))
 
 
+STEP_BRACKETED = "lr x clip bracketed"
+"""An edge optimum of clipped SGD whose lr x clip lies strictly between the trials' smallest and largest: the step's
+size, which is all the pair sets while every sample is clipped, scored worse on both sides of it."""
+
+
 def optimum_status(trials: list[Trial], lr_range: tuple[float, float],
-                   clip_range: tuple[float, float] | None, spec: GridSpec, maximize: bool) -> str:
+                   clip_range: tuple[float, float] | None, spec: GridSpec, maximize: bool,
+                   step_is_product: bool = False) -> str:
     """What a finished search found, from its recorded trials (lr, clip, validation value): "interior on the first
-    range", "interior after growing the range" or "on the edge: ..." (the search's limit)."""
+    range", "interior after growing the range" or "on the edge: ..." (the search's limit). With step_is_product
+    (private SGD, whose update is lr x clip times the mean clipped direction plus noise of the same scale), an edge
+    optimum also says whether lr x clip is bracketed: a search on a grid's edge can still have found the step size."""
     best = best_trial(trials, maximize)
     if best is None:
         return "no trial finished"
@@ -196,5 +204,8 @@ def optimum_status(trials: list[Trial], lr_range: tuple[float, float],
     if len(clips) > 1 and best[1] in (clips[0], clips[-1]):
         edges.append("clip")
     if edges:
-        return f"on the edge of the grid ({' and '.join(edges)}) at the search's limit"
+        steps = sorted({lr * clip for lr, clip, _ in trials if clip is not None})
+        bracketed = step_is_product and best[1] is not None and steps[0] < best[0] * best[1] < steps[-1]
+        return (f"on the edge of the grid ({' and '.join(edges)}) at the search's limit"
+                + (f"; {STEP_BRACKETED}" if bracketed else ""))
     return "interior after growing the range" if grown else "interior on the first range"

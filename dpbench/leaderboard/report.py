@@ -17,10 +17,19 @@ from dpbench.core.tasks import NegativeSamplingTask
 from dpbench.core.wording import counted
 from dpbench.leaderboard.accountants import accountant_lines
 from dpbench.leaderboard.cells import Outcome, read_outcomes
-from dpbench.leaderboard.claims import check_claims, fmt_entry, fmt_number, fmt_ratio, fmt_value, learned, winners
+from dpbench.leaderboard.claims import (
+    CLOSE_POINTS,
+    check_claims,
+    fmt_entry,
+    fmt_number,
+    fmt_ratio,
+    fmt_value,
+    learned,
+    winners,
+)
 from dpbench.leaderboard.compare import best_baseline, best_of, chosen_on_selection
 from dpbench.leaderboard.family import ALPHA, Family, Judge, better_test, judge_all
-from dpbench.leaderboard.grid import TIE_RULE, best_trial, optimum_status
+from dpbench.leaderboard.grid import STEP_BRACKETED, TIE_RULE, best_trial, optimum_status
 from dpbench.leaderboard.plots import cost_plot, epsilon_plot, headline_plot
 from dpbench.leaderboard.private_selection import Selection, read_selection
 from dpbench.leaderboard.provenance import CommitCheck, require_one_code
@@ -285,7 +294,8 @@ def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite:
             continue
         status = optimum_status([(lr, clip, value) for lr, clip, value, _ in record.trials],
                                 task.lr[task.optimizer_of(method)], task.clip if method.private else None,
-                                suite.tuning, maximize=metric != "loss")
+                                suite.tuning, maximize=metric != "loss",
+                                step_is_product=method.private and task.optimizer_of(method) == "sgd")
         statuses.append(status)
         lr, clip, value = best_trial(finished, maximize=metric != "loss")
         point = f"lr {lr:.3g}" + ("" if clip is None else f" clip {clip:.3g}")
@@ -296,11 +306,15 @@ def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite:
     first = sum(s == "interior on the first range" for s in statuses)
     grown = sum(s == "interior after growing the range" for s in statuses)
     edge = sum(s.startswith("on the edge") for s in statuses)
+    bracketed = sum(s.endswith(STEP_BRACKETED) for s in statuses)
+    step = (f" ({bracketed} of them private SGD with {STEP_BRACKETED}: while every sample is clipped, SGD's step is "
+            f"lr x clip times the mean clipped direction, its noise of the same scale, so an edge of lr or clip alone "
+            f"need not limit the step's size; it can still limit the split between them)") if bracketed else ""
     counts = ", ".join(f"{label} {n}" for label, n in trials_per_method.items())
     return [f"Tuning (validation {metric or 'metric'}, seed {suite.tuning_seed}): {len(statuses)} searches, {first} "
             f"with the optimum interior on the first range, {grown} interior after growing it, {edge} on the edge at "
-            f"the search's limit; ties between trials go to {TIE_RULE}. Trials per method, all budgets: {counts}.",
-            "", *lines, ""]
+            f"the search's limit{step}; ties between trials go to {TIE_RULE}. Trials per method, all budgets: "
+            f"{counts}.", "", *lines, ""]
 
 
 def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]], judge: Judge) -> list[str]:
@@ -685,7 +699,9 @@ def _claims_section(suite: Suite, claims: list[str], family: Family) -> list[str
     lines = ["## The papers' headline claims against this table", "",
              "Each verdict pairs the method with the task's best vanilla private method (DP-SGD or DP-Adam) seed by "
              "seed: holds, does not hold, or not distinguishable at this budget (the claim's test is not rejected "
-             "after the correction below).", "", f"Multiple comparisons. {family.describe()}", ""]
+             "after the correction below). \"Better\" tests a paired difference of 0; \"close\" (JL's and GRAPE's "
+             f"accuracy) is non-inferiority, a test against -{CLOSE_POINTS:g} points, so the same pair shows a "
+             "different p-value under each claim.", "", f"Multiple comparisons. {family.describe()}", ""]
     if suite.smoke:
         lines += [f"The `{suite.profile}` profile is a smoke profile ({counted(len(suite.seeds), 'evaluation seed')}): "
                   "these verdicts exercise the checks, they say nothing about the papers.", ""]

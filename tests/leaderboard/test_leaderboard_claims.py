@@ -51,6 +51,17 @@ def test_paired_interval_matches_a_hand_computation():
     assert one_seed.comparison.interval is None and alone(one_seed) == UNCLEAR
 
 
+def test_the_same_pair_reads_its_p_value_against_each_claims_own_line():
+    """"Better" tests a difference of 0, "close" one of -2 points: different p-values, each naming its line."""
+    method = entry("jl", 3, 0.0, jitter=(0.81, 0.80, 0.82))
+    base = entry("dpsgd", 3, 0.0, jitter=(0.80, 0.80, 0.81))
+    better, close = better_test(method, base), close_test(method, base, 0.02)
+    family = judge_all(lambda judge: [judge.verdict(better), judge.verdict(close)])[1]
+    assert better.p_value > close.p_value  # +0.7 points is nearer 0 than -2 in units of its spread
+    assert family.evidence(better) == f", p {better.p_value:.3f}, Holm {family.adjusted[better.key]:.3f}"
+    assert family.evidence(close).startswith(f", p {close.p_value:.3f} against -2.0 points, Holm ")
+
+
 def test_a_loss_is_better_when_lower():
     def loss(method: str, values: tuple[float, ...]) -> Entry:
         return Entry("t", method, method, method, 3, metric="loss", by_seed=dict(enumerate(values)))
@@ -71,8 +82,8 @@ def test_jl_claim_is_judged_on_every_measured_rung_against_the_best_baseline():
     usable_r = entry("jl", 3, 0.89, step_s=0.3, label="JL (r=10)")
     sentence = jl_sentence([useless_small_r, usable_r])
     assert "CNN (26K), on CPU, epsilon 3" in sentence  # the scale and the device are in the sentence
-    assert ("JL (r=2) 10.0% [7.5, 12.5] (-80.0 points [-80.0, -80.0] over 3 paired seeds, p < 0.001, Holm < 0.001) "
-            "at 0.62x") in sentence
+    assert ("JL (r=2) 10.0% [7.5, 12.5] (-80.0 points [-80.0, -80.0] over 3 paired seeds, p < 0.001 against -2.0 "
+            "points, Holm < 0.001) at 0.62x") in sentence  # "close" is tested against its margin, and says so
     assert sentence.endswith(": holds.")
     assert jl_sentence([useless_small_r]).endswith("**does not hold**.")
     slow = entry("jl", 3, 0.90, step_s=0.5, label="JL (r=10)")  # close, and slower: time is judged at scale only

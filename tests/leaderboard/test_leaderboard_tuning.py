@@ -133,6 +133,23 @@ def test_a_diverged_trial_past_the_edge_makes_the_optimum_interior():
     assert optimum_status(interior, (0.5, 2.0), None, GridSpec(3, 1, 16, True), True) == "interior on the first range"
 
 
+def test_an_edge_optimum_of_clipped_sgd_says_whether_its_step_size_is_bracketed():
+    """On a 3 x 3 grid an edge point other than the two extreme corners has trials of smaller and larger lr x clip;
+    the extreme corners have none on one side, and a method whose step is not lr x clip (Adam) is not told so."""
+    spec, lrs, clips = GridSpec(3, 3, 1, False), (0.25, 1.0, 4.0), (0.5, 1.0, 2.0)
+
+    def status(best: tuple[float, float], step_is_product: bool = True) -> str:
+        trials = [(lr, clip, 0.9 if (lr, clip) == best else 0.5) for lr in lrs for clip in clips]
+        return optimum_status(trials, (0.25, 4.0), (0.5, 2.0), spec, True, step_is_product=step_is_product)
+
+    assert status((4.0, 0.5)) == "on the edge of the grid (lr and clip) at the search's limit; lr x clip bracketed"
+    assert status((1.0, 2.0)) == "on the edge of the grid (clip) at the search's limit; lr x clip bracketed"
+    assert status((4.0, 2.0)) == "on the edge of the grid (lr and clip) at the search's limit"  # the largest step
+    assert status((0.25, 0.5)) == "on the edge of the grid (lr and clip) at the search's limit"  # the smallest
+    assert status((4.0, 0.5), step_is_product=False) == "on the edge of the grid (lr and clip) at the search's limit"
+    assert status((1.0, 1.0)) == "interior on the first range"
+
+
 def test_bad_tuning_blocks_are_refused(tmp_path):
     with pytest.raises(ConfigurationError, match="unknown keys"):
         _suite(tmp_path, SUITE.replace("each_budget: true", "each_budget: true, trails: 3"))
