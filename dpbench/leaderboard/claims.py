@@ -136,8 +136,8 @@ def _jl(task: str, entries: list[Entry], epsilon: float, chance: float | None, j
     untimed = [e.label for e in measured if e not in timed]
     note = (f" (smaller r refused: {', '.join(refused)})" if refused else "") + (
         f" (no timings: {', '.join(untimed)})" if untimed else "")
-    return (f"JL (norms from r projections: accuracy close to DP-SGD; its time is judged in Claims at scale), {task}, "
-            f"epsilon {epsilon:g}, against {base.label} {fmt_entry(base)}{note}: {'; '.join(parts)}: "
+    return (f"JL (norms from r projections: accuracy close to exact clipping; its time is judged in Claims at "
+            f"scale), {task}, epsilon {epsilon:g}, against {base.label} {fmt_entry(base)}{note}: {'; '.join(parts)}: "
             f"{_verdict(verdict)}.")
 
 

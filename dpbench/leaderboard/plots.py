@@ -89,7 +89,7 @@ def _view(axes, entries: list[Entry], metric: str | None, chance: float | None, 
 
 
 def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: bool = True,
-                 published: list[Published] | None = None, chance: float | None = None) -> bool:
+                 published: list[Published] | None = None, chance: float | None = None, total: bool = False) -> bool:
     """Mean and 95% interval over seeds against epsilon, one line per variant; non-private as a dashed line; the
     papers' figures that the task reproduces as wide dashes at their level (every filled marker is a method's); the
     task's chance accuracy or initial loss as a black dashed line, and a run at that level far below the rest as an
@@ -119,7 +119,7 @@ def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: b
     _view(axes, entries, metric, chance, [value for _, _, value in published or []])
     mark_off_view(axes, [(p.epsilon, p.mean, style_of(label).colour, style_of(label).marker)
                          for label, points in lines.items() for p in points], metric, chance)
-    axes.set_xlabel(f"epsilon (delta {delta:g})")
+    axes.set_xlabel(("total epsilon, tuning included" if total else "epsilon") + f" (delta {delta:g})")
     axes.set_ylabel(_axis_label(metric))
     axes.set_title(textwrap.fill(title, TITLE_WIDTH, break_on_hyphens=False), fontsize=9)
     axes.grid(alpha=0.3)
@@ -150,6 +150,17 @@ def pareto(points: list[tuple[float, float, str, float]], maximize: bool) -> lis
     return sorted((p for p in points if not any(dominates(q, p) for q in points if q is not p)), key=lambda p: p[0])
 
 
+def front_levels(front: list[tuple[float, float, str, float]], maximize: bool) -> list[float]:
+    """The front's staircase: at each cost the best metric reached at that cost or less. Points within each other's
+    spread all stay on the front, so joining their own metrics in cost order would draw the line at whichever came
+    last, below a better point of about the same cost."""
+    best = max if maximize else min
+    levels: list[float] = []
+    for point in front:
+        levels.append(point[1] if not levels else best(levels[-1], point[1]))
+    return levels
+
+
 def _cost_levels(entry: Entry, cost: str) -> list[float]:
     values = getattr(entry, cost)
     return [entry.cost(cost), *values] if values else [entry.cost(cost)]
@@ -176,8 +187,8 @@ def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str, chance: float
               if e.epsilon is not None and learned(e, chance)]
     front = pareto(points, maximize=metric != "loss")
     if len(front) < len(points):
-        axes.step([p[0] for p in front], [p[1] for p in front], where="post", color="red", linewidth=1, alpha=0.6,
-                  label="Pareto front (beyond the spread)")
+        axes.step([p[0] for p in front], front_levels(front, maximize=metric != "loss"), where="post", color="red",
+                  linewidth=1, alpha=0.6, label="Pareto front (beyond the spread)")
     readable_axis(axes, "x", [level for e in measured for level in _cost_levels(e, cost)])
     _view(axes, measured, metric, chance, [])
     mark_off_view(axes, [(e.cost(cost), e.mean, style_of(e.label).colour, style_of(e.label).marker)
@@ -189,11 +200,12 @@ def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str, chance: float
 
 
 def epsilon_plot(entries: list[Entry], title: str, delta: float, path: Path,
-                 published: list[Published] | None = None, chance: float | None = None) -> Path | None:
+                 published: list[Published] | None = None, chance: float | None = None,
+                 total: bool = False) -> Path | None:
     """One task's metric-vs-epsilon figure, widened by each legend column past the first so the panel keeps its
     width."""
     figure, axes = plt.subplots(figsize=(7.5, 4))
-    drawn = draw_epsilon(axes, entries, title, delta, published=published, chance=chance)
+    drawn = draw_epsilon(axes, entries, title, delta, published=published, chance=chance, total=total)
     figure.set_figwidth(7.5 + 2.5 * (legend_columns(len(axes.get_legend_handles_labels()[1])) - 1))
     return _save(figure, path) if drawn else _discard(figure)
 
@@ -227,7 +239,7 @@ Panel = tuple[str, list[Entry], float, list[Published], float | None]
 """A task's panel of the headline figure: title, entries, delta, published figures, chance level (or None)."""
 
 
-def headline_plot(panels: list[Panel], path: Path) -> Path | None:
+def headline_plot(panels: list[Panel], path: Path, total: bool = False) -> Path | None:
     """Every task's metric-vs-epsilon panel in one figure, one legend for all of them (each method once, ten a
     column)."""
     panels = [panel for panel in panels if any(e.mean is not None for e in panel[1])]
@@ -237,7 +249,7 @@ def headline_plot(panels: list[Panel], path: Path) -> Path | None:
     rows = -(-len(panels) // columns)
     figure, grid = plt.subplots(rows, columns, figsize=(5.5 * columns + 2.5, 4 * rows), squeeze=False)
     for axes, (title, entries, delta, published, chance) in zip(grid.flat, panels, strict=False):
-        draw_epsilon(axes, entries, title, delta, legend=False, published=published, chance=chance)
+        draw_epsilon(axes, entries, title, delta, legend=False, published=published, chance=chance, total=total)
     for axes in list(grid.flat)[len(panels):]:
         axes.set_visible(False)
     handles, labels = _handles(*grid.flat[:len(panels)])

@@ -76,7 +76,8 @@ def _invocations(runs: list[dict]) -> str:
 
 def csv_rows(outcomes: list[Outcome], root: Path,
              released: dict[tuple[str, str, float, int], float] | None = None) -> list[dict]:
-    """One row per cell; a trial under a total budget shows its released noisy score as its validation value."""
+    """One row per cell; a trial under a total budget shows its released noisy score as its validation value, and no
+    trial shows a test value: a table of every trial's test accuracy invites choosing on the test split."""
     rows = []
     for outcome in outcomes:
         cell, results = outcome.cell, outcome.results or {}
@@ -89,7 +90,7 @@ def csv_rows(outcomes: list[Outcome], root: Path,
             "phase": cell["phase"], "status": outcome.status, "reason": outcome.reason or "",
             "target_epsilon": cell["epsilon"], "epsilon_spent": results.get("epsilon"), "delta": results.get("delta"),
             "seed": cell["seed"], "trial": cell["trial"], "lr": cell["lr"], "clip_norm": cell["clip_norm"],
-            "metric": outcome.metric, "test_value": outcome.value("test"),
+            "metric": outcome.metric, "test_value": None if cell["phase"] == "tune" else outcome.value("test"),
             "validation_value": validation, "samples_per_s": results.get("samples_per_s"),
             "peak_memory_mb": results.get("peak_memory_mb"), "train_time_s": results.get("train_time_s"),
             "steps": results.get("steps"), "s_per_step": seconds_per_step(results) if results else None,
@@ -338,6 +339,8 @@ def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]], judge: Judge) -
                 margin = test.comparison.text() + judge.evidence(test) if test else "no common seed"
                 verdict = judge.verdict(test)
             basis = "" if chosen_on_selection(measured) else " (chosen on the evaluation seeds)"
+            if _unfinished(task, entries, epsilon, len(suite.seeds)):
+                verdict = f"provisional: {verdict}" if verdict != "-" else "provisional"
             ratios = [fmt_ratio(best.cost(c), base.cost(c)) for c in ("peak_mb", "step_s")]
             rows.append(f"| {task.title} | {epsilon:g} | {best.label} {fmt_entry(best)}{basis} | {base.label} | "
                         f"{margin} | {verdict} | {ratios[0]} memory, {ratios[1]} time |")
@@ -349,10 +352,26 @@ def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]], judge: Judge) -
             "row that had none says so), its margin over the best vanilla baseline (DP-SGD or DP-Adam, chosen the "
             "same way) paired seed by seed with its 95% interval, p-value and Holm-adjusted p-value, whether it is "
             "better (holds / does not hold / not distinguishable at this budget, after the correction for the "
-            "report's whole family of claims: see the claims section), and its peak memory and time per step as "
-            "multiples of the baseline's. Scale: each task's title; device: the machine below.", "",
+            "report's whole family of claims: see the claims section; \"provisional\" while a method of that budget "
+            "has seeds still to run, as its choice and the family can still change), and its peak memory and time per "
+            "step at that budget as multiples of the baseline's (shown, not judged: memory and speed claims are "
+            "judged at the papers' scale, in Claims at scale). Scale: each task's title; device: the machine below.",
+            "",
             "| task | epsilon | best method | baseline | margin over the baseline | better? | cost vs baseline |",
             "|---|---|---|---|---|---|---|", *rows, ""]
+
+
+def _unfinished(task: Task, entries: list[Entry], epsilon: float, seeds: int) -> bool:
+    """Whether a private variant of the task has not yet run (or refused) all its evaluation seeds at `epsilon`."""
+    at = {e.variant: e for e in entries if e.epsilon == epsilon}
+    for variant in (v.name for m in task.methods if m.private for v in m.variants()):
+        entry = at.get(variant)
+        if entry is None:
+            return True
+        ended = len(set(entry.by_seed) | entry.non_finite) + len(entry.failed)
+        if not entry.refused and (entry.pending or ended < seeds):
+            return True
+    return False
 
 
 def _anchor_lines(task: Task, entries: list[Entry]) -> list[str]:
@@ -418,7 +437,7 @@ def build(suite: Suite, root: Path, docs: Path, command: str, allow_mixed_commit
     verdicts, family = judge_all(lambda judge: _verdicts(suite, judged, judge))
     lines = _preamble(suite, root, found, command) + _tasks_not_run(suite, found)
     task_lines, panels = _task_sections(suite, found, figures, verdicts.winners)
-    headline = headline_plot(panels, figures / "headline.png")
+    headline = headline_plot(panels, figures / "headline.png", total=suite.total)
     lines += verdicts.glance + (["![metric vs epsilon, every task](leaderboard/headline.png)", ""]
                                 if headline else [])
     lines += task_lines + _claims_section(suite, verdicts.claims, family)
@@ -611,7 +630,14 @@ def _protocol(suite: Suite) -> list[str]:
         "seed), one without a finite value has none and is left out of both.",
         f"- Verdicts: paired seed by seed, each claim's two-sided paired t test Holm-corrected over the report's whole "
         f"family of claims at family-wise alpha {ALPHA:g} (the family's size is given with the papers' claims); "
-        "\"holds\" only after the correction.",
+        "\"holds\" only after the correction. Intervals and tests are conditional on the one selection run of each "
+        "method and budget (its trials at the selection seed and their noisy scores: a second selection could choose "
+        "another point) and on the task's fixed test split: they measure the evaluation seeds' training randomness, "
+        "not the selection's variance or the test sample's.",
+        "- Ranges: each task's learning-rate and clip-norm ranges are fixed in the suite file before its trials and "
+        "taken as given; a total accounts for the search within them, not for how they were set. The developers set "
+        "them from earlier runs, some on these same data sets (the suite file's comments cite them), which no epsilon "
+        "here counts; a task whose ranges were moved during this run says so, with the discarded trials.",
     ]
 
 
@@ -678,7 +704,7 @@ def _task_sections(suite: Suite, found: _Found, figures: Path,
                       *(f"- {line}" for line in best), ""]
         published = [(a.method, a.epsilon, a.value) for a in task.anchors if a.epsilon is not None]
         for figure in (epsilon_plot(task_entries, task.title, task.delta, figures / f"{task.name}_epsilon.png",
-                                    published, task.chance),
+                                    published, task.chance, total=suite.total),
                        cost_plot(task_entries, suite.tune_epsilon, task.title, figures / f"{task.name}_cost.png",
                                  task.chance)):
             if figure:
