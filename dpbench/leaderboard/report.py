@@ -570,8 +570,9 @@ def _fairness(suite: Suite) -> str:
             + ("at each budget; " if tuning.each_budget else f"at epsilon {suite.tune_epsilon:g}, the choice reused "
                "at every budget; ")
             + f"{choice}, ties broken by {TIE_RULE}. Evaluation seeds {', '.join(map(str, suite.seeds))} (none of "
-            "them a selection seed) then train on the whole training set at the chosen point and are evaluated on "
-            "the test split: mean [95% Student-t interval] over seeds. Each rung of a ladder (JL's r) is tuned on its "
+            "them a selection seed) then train on the whole training set at the chosen point (the same epochs, so "
+            "more steps than a trial: the point is chosen at the trials' length) and are evaluated on the test split: "
+            "mean [95% Student-t interval] over seeds. Each rung of a ladder (JL's r) is tuned on its "
             "own.")
 
 
