@@ -634,7 +634,12 @@ def _protocol(suite: Suite) -> list[str]:
         "\"holds\" only after the correction. Intervals and tests are conditional on the one selection run of each "
         "method and budget (its trials at the selection seed and their noisy scores: a second selection could choose "
         "another point) and on the task's fixed test split: they measure the evaluation seeds' training randomness, "
-        "not the selection's variance or the test sample's.",
+        "not the selection's variance or the test sample's."
+        + (f" With {len(suite.seeds)} paired seeds the t test leans on the differences being near normal: an exact "
+           f"sign-flip test's smallest two-sided p is 2/2^{len(suite.seeds)} = {2 / 2 ** len(suite.seeds):.3g}"
+           + (f", so no distribution-free test of one claim could reject at {ALPHA:g}."
+              if 2 / 2 ** len(suite.seeds) > ALPHA else ".")
+           if len(suite.seeds) >= 2 else ""),
         "- Ranges: each task's learning-rate and clip-norm ranges are fixed in the suite file before its trials and "
         "taken as given; a total accounts for the search within them, not for how they were set. The developers set "
         "them from earlier runs, some on these same data sets (the suite file's comments cite them), which no epsilon "
