@@ -20,6 +20,7 @@ import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+from matplotlib.container import ErrorbarContainer  # noqa: E402
 
 from dpbench.core.method_style import legend_columns, style_of  # noqa: E402
 from dpbench.leaderboard.claims import learned  # noqa: E402
@@ -211,11 +212,12 @@ def epsilon_plot(entries: list[Entry], title: str, delta: float, path: Path,
 
 
 def _handles(*axes) -> tuple[list, list[str]]:
-    """Every legend entry of the panels, each label once."""
+    """Every legend entry of the panels, each label once; an error bar by its marker and line alone (its caps and
+    whiskers would hide the marker that tells the methods apart)."""
     legend: dict[str, object] = {}
     for panel in axes:
         for handle, label in zip(*panel.get_legend_handles_labels(), strict=True):
-            legend.setdefault(label, handle)
+            legend.setdefault(label, handle[0] if isinstance(handle, ErrorbarContainer) else handle)
     return list(legend.values()), list(legend)
 
 
