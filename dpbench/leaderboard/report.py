@@ -362,15 +362,18 @@ def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]], judge: Judge) -
 
 
 def _unfinished(task: Task, entries: list[Entry], epsilon: float, seeds: int) -> bool:
-    """Whether a private variant of the task has not yet run (or refused) all its evaluation seeds at `epsilon`."""
+    """Whether a private method of the task has no cell at `epsilon` yet, or one of its variants there has not run
+    (or refused) all its evaluation seeds. A ladder's rungs past the one above the smallest that reaches a budget are
+    never run there, so a method counts as started by any of its rungs."""
     at = {e.variant: e for e in entries if e.epsilon == epsilon}
-    for variant in (v.name for m in task.methods if m.private for v in m.variants()):
-        entry = at.get(variant)
-        if entry is None:
+    for method in (m for m in task.methods if m.private):
+        started = [at[v.name] for v in method.variants() if v.name in at]
+        if not started:
             return True
-        ended = len(set(entry.by_seed) | entry.non_finite) + len(entry.failed)
-        if not entry.refused and (entry.pending or ended < seeds):
-            return True
+        for entry in started:
+            ended = len(set(entry.by_seed) | entry.non_finite) + len(entry.failed)
+            if not entry.refused and (entry.pending or ended < seeds):
+                return True
     return False
 
 
