@@ -371,8 +371,7 @@ def _unfinished(task: Task, entries: list[Entry], epsilon: float, seeds: int) ->
         if not started:
             return True
         for entry in started:
-            ended = len(set(entry.by_seed) | entry.non_finite) + len(entry.failed)
-            if not entry.refused and (entry.pending or ended < seeds):
+            if not entry.refused and (entry.pending or entry.finished + len(entry.failed) < seeds):
                 return True
     return False
 
@@ -637,17 +636,23 @@ def _protocol(suite: Suite) -> list[str]:
         "\"holds\" only after the correction. Intervals and tests are conditional on the one selection run of each "
         "method and budget (its trials at the selection seed and their noisy scores: a second selection could choose "
         "another point) and on the task's fixed test split: they measure the evaluation seeds' training randomness, "
-        "not the selection's variance or the test sample's."
-        + (f" With {len(suite.seeds)} paired seeds the t test leans on the differences being near normal: an exact "
-           f"sign-flip test's smallest two-sided p is 2/2^{len(suite.seeds)} = {2 / 2 ** len(suite.seeds):.3g}"
-           + (f", so no distribution-free test of one claim could reject at {ALPHA:g}."
-              if 2 / 2 ** len(suite.seeds) > ALPHA else ".")
-           if len(suite.seeds) >= 2 else ""),
+        "not the selection's variance or the test sample's." + _normality(len(suite.seeds)),
         "- Ranges: each task's learning-rate and clip-norm ranges are fixed in the suite file before its trials and "
         "taken as given; a total accounts for the search within them, not for how they were set. The developers set "
         "them from earlier runs, some on these same data sets (the suite file's comments cite them), which no epsilon "
         "here counts; a task whose ranges were moved during this run says so, with the discarded trials.",
     ]
+
+
+def _normality(seeds: int) -> str:
+    """What the paired t test assumes at this many seeds: an exact sign-flip test's smallest two-sided p is
+    2 / 2^seeds, which at 5 seeds cannot reach 0.05."""
+    if seeds < 2:
+        return ""
+    smallest = 2 / 2**seeds
+    return (f" With {seeds} paired seeds the t test leans on the differences being near normal: an exact sign-flip "
+            f"test's smallest two-sided p is 2/2^{seeds} = {smallest:.3g}"
+            + (f", so no distribution-free test of one claim could reject at {ALPHA:g}." if smallest > ALPHA else "."))
 
 
 def _memory_note(outcomes: list[Outcome]) -> str:
