@@ -58,7 +58,7 @@ def device_name() -> str:
     return f"{model}, {os.cpu_count()} cores"
 
 
-def _chosen_rows(cells_csv: Path, task: Task, epsilon: float) -> dict[str, list[dict[str, str]]]:
+def _chosen_rows(cells_csv: Path, task: str, epsilon: float) -> dict[str, list[dict[str, str]]]:
     """Each variant's test rows at the budget whose costs the report shows, or, where the task does not run it, at
     the lowest budget it ran (non-private methods: their only rows), as the report's cost columns choose."""
     if not cells_csv.exists():
@@ -67,13 +67,39 @@ def _chosen_rows(cells_csv: Path, task: Task, epsilon: float) -> dict[str, list[
     by_budget: dict[str, dict[float | None, list[dict[str, str]]]] = {}
     with cells_csv.open(newline="") as handle:
         for row in csv.DictReader(handle):
-            if row["task"] == task.name and row["phase"] == "test":
+            if row["task"] == task and row["phase"] == "test":
                 budget = float(row["target_epsilon"]) if row["target_epsilon"] else None
                 by_budget.setdefault(row["variant"], {}).setdefault(budget, []).append(row)
     if not by_budget:
-        raise ConfigurationError(f"--recost {task.name}: {cells_csv} has no test cell of it (run the suite first)")
+        raise ConfigurationError(f"--recost {task}: {cells_csv} has no test cell of it (run the suite first)")
     return {variant: budgets.get(epsilon) or budgets[min(budgets, key=lambda b: -1.0 if b is None else b)]
             for variant, budgets in by_budget.items()}
+
+
+def _first_seed(rows: list[dict[str, str]]) -> dict[str, str]:
+    return min(rows, key=lambda row: int(row["seed"]))
+
+
+def _optional(text: str) -> float | None:
+    return float(text) if text else None
+
+
+def _stale(record: dict[str, Any], cells_csv: Path) -> str | None:
+    """Why a record no longer measures the report's choice (the suite re-chose a learning rate, clip norm or budget,
+    or ran other methods since), else None: its figures would otherwise sit beside cells they did not measure."""
+    try:
+        chosen = _chosen_rows(cells_csv, record["task"], record["epsilon"])
+    except ConfigurationError:
+        return "the report has no test cell of this task"
+    measured = {row["variant"]: row for row in record["rows"]}
+    if set(measured) != set(chosen):
+        return "the report's methods differ from those it measured"
+    for variant, rows in chosen.items():
+        row, cell = measured[variant], _first_seed(rows)
+        if (row["lr"], row["clip_norm"], row["epsilon"]) != (
+                float(cell["lr"]), _optional(cell["clip_norm"]), _optional(cell["target_epsilon"])):
+            return f"{row['label']}'s chosen learning rate, clip norm or budget changed since"
+    return None
 
 
 def _median(rows: list[dict[str, str]], column: str) -> float | None:
@@ -85,7 +111,7 @@ def _measure(suite: Suite, task: Task, method: Method, variant: Variant, rows: l
              launcher: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
     recorded = {"samples_per_s": _median(rows, "samples_per_s"), "s_per_step": _median(rows, "s_per_step"),
                 "peak_memory_mb": _median(rows, "peak_memory_mb")}
-    chosen = min(rows, key=lambda row: int(row["seed"]))
+    chosen = _first_seed(rows)
     epsilon = float(chosen["target_epsilon"]) if method.private else None
     if method.private and not chosen["clip_norm"]:
         raise ConfigurationError(f"--recost {task.name}: the cells.csv row of {variant.name} (seed {chosen['seed']}) "
@@ -100,7 +126,8 @@ def _measure(suite: Suite, task: Task, method: Method, variant: Variant, rows: l
             "epsilon": epsilon, "status": status, "reason": outcome.reason if outcome else None, "lr": cell.lr,
             "clip_norm": cell.clip_norm, "samples_per_s": results.get("samples_per_s"),
             "s_per_step": seconds_per_step(results) if results else None,
-            "peak_memory_mb": results.get("peak_memory_mb"), "test_value": outcome.value("test") if outcome else None,
+            "peak_memory_mb": results.get("peak_memory_mb"), "memory_method": results.get("memory_method"),
+            "test_value": outcome.value("test") if outcome else None,
             "cell": cell.directory(root).relative_to(root).as_posix()}
 
 
@@ -119,7 +146,7 @@ def remeasure(suite: Suite, names: list[str], docs: Path, root: Path, launcher: 
     measured, records = commit(), []
     for name in names:
         task = tasks[name]
-        chosen = _chosen_rows(docs / "leaderboard" / "cells.csv", task, suite.tune_epsilon)
+        chosen = _chosen_rows(docs / "leaderboard" / "cells.csv", task.name, suite.tune_epsilon)
         started = datetime.now(timezone.utc)
         rows = [_measure(suite, task, method, variant, chosen[variant.name], root, launcher, parameters)
                 for method in task.methods for variant in method.variants() if variant.name in chosen]
@@ -148,6 +175,17 @@ def _label(row: dict[str, Any], epsilon: float) -> str:
     return row["label"] + (f" (at epsilon {budget:g})" if budget is not None and budget != epsilon else "")
 
 
+def _peak_meaning(record: dict[str, Any]) -> str:
+    """What the record's peak column measured, read from its runs (records from before runs named it measured the
+    resident high-water mark)."""
+    methods = {str(row.get("memory_method") or "") for row in record["rows"] if row["status"] == "done"}
+    if methods and all(method.startswith("working set") for method in methods):
+        return "peak: the working set, malloc's bytes in use at their peak"
+    if methods and all(method.startswith("max_memory_reserved") for method in methods):
+        return "peak: CUDA max_memory_reserved"
+    return "peak: the resident high-water mark above the process's start"
+
+
 def _record_lines(record: dict[str, Any]) -> list[str]:
     base = next((row for name in BASELINES for row in record["rows"] if row["variant"] == name), None)
     versus = f"step vs {base['label']}" if base else "step vs vanilla"
@@ -156,7 +194,7 @@ def _record_lines(record: dict[str, Any]) -> list[str]:
              f"`{record['task']}`: commit {record['commit']}, {record['started']}, {record['device']}"
              + (f" (load average 1/5/15 min at its end {load})" if load else "")
              + f"; each method's first seed at epsilon {record['epsilon']:g} unless its row says another (non-private: "
-             f"its own run), launcher {record['launcher']}.", "",
+             f"its own run), launcher {record['launcher']}; {_peak_meaning(record)}.", "",
              f"| method | samples/s | s/step | {versus} | peak MB | cells: s/step | cells: {versus} | cells: peak MB |",
              "|---" * 8 + "|"]
     base_step = base.get("s_per_step") if base else None
@@ -175,8 +213,11 @@ def _record_lines(record: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
-def costs_section(costs_dir: Path) -> list[str]:
-    records = sorted(Path(costs_dir).glob("*.json"))
+def costs_section(costs_dir: Path, cells_csv: Path, tasks: list[str]) -> list[str]:
+    """The records of the profile's tasks (`tasks`), in its order; a record that no longer measures the hyperparameters
+    cells.csv names is listed as stale, without its figures."""
+    records = {path.stem: json.loads(path.read_text()) for path in Path(costs_dir).glob("*.json")}
+    records = {name: records[name] for name in tasks if name in records}
     if not records:
         return []
     lines = [SECTION_TITLE, "",
@@ -184,16 +225,23 @@ def costs_section(costs_dir: Path) -> list[str]:
              "dpbench.leaderboard --recost TASK`): the hyperparameters the suite chose, the first seed, one process "
              "at a time. The cells' columns (medians over seeds, run two at a time, perhaps on another machine) are "
              "shown beside; compare speeds across methods within a record (each step against DP-SGD's, or DP-Adam's "
-             "where the task runs no DP-SGD), not across records. On "
-             "CPU the peak is the resident high-water mark above the process's start.", ""]
-    for path in records:
-        lines += _record_lines(json.loads(path.read_text()))
+             "where the task runs no DP-SGD), not across records.", ""]
+    stale = []
+    for name, record in records.items():
+        reason = _stale(record, cells_csv)
+        if reason is None:
+            lines += _record_lines(record)
+        else:
+            stale.append(f"- `{name}` (commit {record['commit']}, {record['started']}): {reason}; run "
+                         f"`python -m dpbench.leaderboard --recost {name}`")
+    if stale:
+        lines += ["Records that no longer measure this report's choices (not shown):", "", *stale, ""]
     return lines
 
 
-def rewrite(docs: Path) -> Path:
+def rewrite(docs: Path, tasks: list[str]) -> Path:
     """Replace the section in docs/leaderboard.md (or insert it before the claims at scale, else at the end), leaving
-    every other section as it is."""
+    every other section as it is; `tasks`: the profile's, in its order."""
     path = docs / "leaderboard.md"
     text = path.read_text()
     start = text.find("\n" + SECTION_TITLE)
@@ -203,7 +251,7 @@ def rewrite(docs: Path) -> Path:
     else:
         scale_at = text.find("\n" + SCALE_TITLE)
         head, tail = (text[:scale_at], text[scale_at:]) if scale_at >= 0 else (text, "")
-    section = costs_section(docs / "leaderboard" / "costs")
+    section = costs_section(docs / "leaderboard" / "costs", docs / "leaderboard" / "cells.csv", tasks)
     body = "\n".join(section) + "\n" if section else ""
     path.write_text(head.rstrip("\n") + "\n\n" + body + tail.lstrip("\n"))
     return path

@@ -443,7 +443,7 @@ def build(suite: Suite, root: Path, docs: Path, command: str, allow_mixed_commit
     lines += verdicts.glance + (["![metric vs epsilon, every task](leaderboard/headline.png)", ""]
                                 if headline else [])
     lines += task_lines + _claims_section(suite, verdicts.claims, family)
-    lines += costs_section(figures / "costs")
+    lines += costs_section(figures / "costs", figures / "cells.csv", [task.name for task in suite.tasks])
     lines += scale_section(figures / "frontier")
     path = docs / "leaderboard.md"
     path.write_text("\n".join(lines))

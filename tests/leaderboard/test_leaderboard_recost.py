@@ -71,6 +71,7 @@ def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, mo
         results = json.loads((root / row["cell"] / "results.json").read_text())
         assert results["config"]["optimizer"]["lr"] == lr and row["clip_norm"] == clip
         assert row["samples_per_s"] == results["samples_per_s"] and row["peak_memory_mb"] == results["peak_memory_mb"]
+        assert row["memory_method"] == results["memory_method"]
         assert row["s_per_step"] == results["step_time_s"]
     assert json.loads((root / rows["dpsgd"]["cell"] / "results.json").read_text())["clip_norm"] == 1.3
     assert rows["dpsgd"]["recorded"] == {"samples_per_s": (100 / 0.1 + 100 / 0.3) / 2, "s_per_step": 0.2,
@@ -80,6 +81,7 @@ def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, mo
     assert text.startswith(BEFORE) and text.endswith(SCALE)
     section = text.split(SECTION_TITLE)[1].split(SCALE_TITLE)[0]
     assert "| method | samples/s | s/step | step vs DP-SGD | peak MB |" in section
+    assert "; peak: the working set, malloc's bytes in use at their peak." in section
     dpsgd = _row(section, "DP-SGD")
     assert dpsgd[3] == "1.00x" and dpsgd[5] == "0.200" and dpsgd[6] == "1.00x" and dpsgd[7] == "450 |"
     nonprivate = _row(section, "non-private")
@@ -104,24 +106,45 @@ def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, mo
     assert again.count(SECTION_TITLE) == 1 and again.endswith(SCALE)
     assert _row(again, "DP-SGD") == _row(text, "DP-SGD") and _row(again, "JL (r=1)") == _row(text, "JL (r=1)")
 
+    # A report built from the recost's own cells (their first seeds: the same choices for the CNN) keeps its record.
     rebuilt = build(load_suite("tiny", tmp_path / "suite.yaml"), root, docs, "pytest").read_text()
-    assert (SECTION_TITLE + again.split(SECTION_TITLE)[1].split(SCALE_TITLE)[0]).rstrip() in rebuilt
+    cnn_record = again.split(SECTION_TITLE)[1].split("\n### ")[1].split("\n### ")[0]
+    assert cnn_record.startswith("tiny CNN") and "| DP-SGD |" in cnn_record and cnn_record.rstrip() in rebuilt
+
+
+def _failed_record(lr=0.7, commit="abc"):
+    return {"task": "cnn", "title": "tiny CNN", "commit": commit, "started": "now", "device": "CPU", "epsilon": 1.0,
+            "launcher": "fork", "rows": [{"variant": "dpsgd", "label": "DP-SGD", "status": "failed", "epsilon": 1.0,
+                                          "lr": lr, "clip_norm": 1.3, "reason": "RuntimeError: a | in it",
+                                          "recorded": {"s_per_step": None, "peak_memory_mb": None}}]}
 
 
 def test_the_section_goes_before_the_claims_at_scale_or_at_the_end_and_keeps_what_follows(tmp_path):
-    docs = tmp_path / "docs"
-    (docs / "leaderboard" / "costs").mkdir(parents=True)
-    (docs / "leaderboard" / "costs" / "cnn.json").write_text(json.dumps({
-        "task": "cnn", "title": "tiny CNN", "commit": "abc", "started": "now", "device": "CPU", "epsilon": 1.0,
-        "launcher": "fork", "rows": [{"variant": "dpsgd", "label": "DP-SGD", "status": "failed", "epsilon": 1.0,
-                                      "reason": "RuntimeError: a | in it", "recorded": {"s_per_step": None,
-                                                                                       "peak_memory_mb": None}}]}))
+    docs = _docs(tmp_path, [row for row in CHOSEN if row[:2] == ("cnn", "dpsgd")])
+    (docs / "leaderboard" / "costs").mkdir()
+    (docs / "leaderboard" / "costs" / "cnn.json").write_text(json.dumps(_failed_record()))
     (docs / "leaderboard.md").write_text(BEFORE + "\n## Other\n\nkept\n")
-    text = rewrite(docs).read_text()
+    text = rewrite(docs, ["cnn"]).read_text()
     assert text.startswith(BEFORE + "\n## Other\n\nkept\n\n" + SECTION_TITLE)
     assert "| DP-SGD | failed: RuntimeError: a / in it | | | | - | - | - |" in text
     (docs / "leaderboard.md").write_text(text + "## Later\n\nalso kept\n")
-    assert rewrite(docs).read_text() == text + "## Later\n\nalso kept\n"
+    assert rewrite(docs, ["cnn"]).read_text() == text + "## Later\n\nalso kept\n"
+
+
+def test_a_record_of_an_earlier_choice_or_of_a_task_the_profile_does_not_run_shows_no_figures(tmp_path):
+    """A re-chosen learning rate leaves the record measuring cells the report no longer shows: it is named stale, its
+    figures left out; a task outside the profile is left out whole."""
+    docs = _docs(tmp_path, [row for row in CHOSEN if row[:2] == ("cnn", "dpsgd")])
+    costs = docs / "leaderboard" / "costs"
+    costs.mkdir()
+    (costs / "cnn.json").write_text(json.dumps(_failed_record(lr=4.0, commit="old1234")))
+    (costs / "lstm.json").write_text(json.dumps({**_failed_record(), "task": "lstm", "title": "BiLSTM"}))
+    text = rewrite(docs, ["cnn", "vit"]).read_text()
+    assert "RuntimeError" not in text and "BiLSTM" not in text and "lstm" not in text
+    assert ("- `cnn` (commit old1234, now): DP-SGD's chosen learning rate, clip norm or budget changed since; run "
+            "`python -m dpbench.leaderboard --recost cnn`") in text
+    (costs / "cnn.json").write_text(json.dumps(_failed_record()))
+    assert "RuntimeError" in rewrite(docs, ["cnn", "vit"]).read_text()
 
 
 @pytest.mark.parametrize(("tasks", "chosen", "extra", "message"), [
