@@ -2,11 +2,12 @@
 tasks' speed and memory measured again without re-running the suite (its tuning is what takes the hours).
 
 `python -m dpbench.leaderboard --recost TASK[,TASK]` runs, for each variant of each named task, the test cell the suite
-chose at the budget whose costs the report shows (its learning rate and clip norm read from docs/leaderboard/cells.csv),
-its first seed, each in a process of its own (the suite's launcher), one at a time. The figures go to
-docs/leaderboard/costs/TASK.json with the commit, date and machine, and the section beside the cells' own columns.
-Speed is compared across methods within one record only (each row's step against DP-SGD's): the cells' columns may come
-from another machine and ran two at a time.
+chose at the budget whose costs the report shows (its learning rate, clip norm and noise multiplier read from
+docs/leaderboard/cells.csv: the suite's own cell), its first finished seed, each in a process of its own (the suite's
+launcher), one at a time; a variant the suite finished no cell of (refused, failed) is listed with its reason, not run.
+The figures go to docs/leaderboard/costs/TASK.json with the commit, date and machine, and the section beside the
+cells' own columns. Speed is compared across methods within one record only (each row's step against DP-SGD's): the
+cells' columns may come from another machine and ran two at a time.
 """
 
 from __future__ import annotations
@@ -76,8 +77,10 @@ def _chosen_rows(cells_csv: Path, task: str, epsilon: float) -> dict[str, list[d
             for variant, budgets in by_budget.items()}
 
 
-def _first_seed(rows: list[dict[str, str]]) -> dict[str, str]:
-    return min(rows, key=lambda row: int(row["seed"]))
+def _measured(rows: list[dict[str, str]]) -> dict[str, str]:
+    """The row a record re-measures: the first finished seed, else (the suite finished none) the first seed."""
+    done = [row for row in rows if row["status"] == "done"]
+    return min(done or rows, key=lambda row: int(row["seed"]))
 
 
 def _optional(text: str) -> float | None:
@@ -95,7 +98,7 @@ def _stale(record: dict[str, Any], cells_csv: Path) -> str | None:
     if set(measured) != set(chosen):
         return "the report's methods differ from those it measured"
     for variant, rows in chosen.items():
-        row, cell = measured[variant], _first_seed(rows)
+        row, cell = measured[variant], _measured(rows)
         if (row["lr"], row["clip_norm"], row["epsilon"]) != (
                 float(cell["lr"]), _optional(cell["clip_norm"]), _optional(cell["target_epsilon"])):
             return f"{row['label']}'s chosen learning rate, clip norm or budget changed since"
@@ -111,14 +114,18 @@ def _measure(suite: Suite, task: Task, method: Method, variant: Variant, rows: l
              launcher: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
     recorded = {"samples_per_s": _median(rows, "samples_per_s"), "s_per_step": _median(rows, "s_per_step"),
                 "peak_memory_mb": _median(rows, "peak_memory_mb")}
-    chosen = _first_seed(rows)
+    chosen = _measured(rows)
     epsilon = float(chosen["target_epsilon"]) if method.private else None
+    if chosen["status"] != "done":  # the suite finished no such cell (e.g. an unreachable total): nothing to measure
+        return {"variant": variant.name, "label": variant.label, "recorded": recorded, "seed": int(chosen["seed"]),
+                "epsilon": epsilon, "status": chosen["status"], "reason": chosen["reason"] or None,
+                "lr": float(chosen["lr"]), "clip_norm": _optional(chosen["clip_norm"]), "cell": None}
     if method.private and not chosen["clip_norm"]:
         raise ConfigurationError(f"--recost {task.name}: the cells.csv row of {variant.name} (seed {chosen['seed']}) "
                                  "has no clip_norm, which a private method needs: regenerate cells.csv from the cells")
     clip = float(chosen["clip_norm"]) if method.private else None
     cell = cell_for(suite, task, method, variant, "test", epsilon, int(chosen["seed"]), None, float(chosen["lr"]),
-                    clip)
+                    clip, _optional(chosen["noise_multiplier"]) if method.private else None)
     status = run_cell(cell, root, launcher=launcher, parameters=parameters)
     outcome = read_outcome(cell.directory(root))
     results = outcome.results if outcome is not None and outcome.results else {}

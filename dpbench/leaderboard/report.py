@@ -188,10 +188,10 @@ def _cell_text(task: Task, entry: Entry | None, notes: list[str], selections: Se
     if entry is None:
         return "-"
     if entry.refused:
-        note = f"cannot reach epsilon {entry.epsilon:g}: {entry.refused}"
+        note = f"refused at epsilon {entry.epsilon:g}: {entry.refused}"
         if note not in notes:
             notes.append(note)
-        return f"cannot reach epsilon {entry.epsilon:g} [{notes.index(note) + 1}]"
+        return f"refused at epsilon {entry.epsilon:g} [{notes.index(note) + 1}]"
     if entry.mean is not None:
         text = fmt_entry(entry)
         point = f"lr {entry.lr:.3g}" + ("" if entry.clip_norm is None else f", clip {entry.clip_norm:.3g}")
@@ -540,8 +540,9 @@ def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str
          _total_line(suite) + "\n" + _resolution_line(suite) if suite.total else
          "- **The epsilon of each run does not count the tuning**: choosing among the trials on private data spends "
          "privacy that no figure here includes (`--private-tuning` tunes privately and counts it)."),
-        "- A method that cannot reach a budget is shown as `cannot reach epsilon X: <dpbench's reason>`; JL runs "
-        "the smallest r that reaches each budget and one larger r.",
+        "- A method dpbench refuses at a budget (no noise reaches it, or a setting it needs is missing) is shown as "
+        "`refused at epsilon X: <dpbench's reason>`; JL runs the smallest r that reaches each budget and one larger "
+        "r.",
         "- Costs (samples/s and seconds per training step, both over the steps after the profiler's warm-up; peak "
         "memory above the process's start; training wall time without the per-epoch epsilon accounting) "
         f"are the median over seeds at epsilon {suite.tune_epsilon:g} unless noted (cells run two at a time, and a "

@@ -84,6 +84,14 @@ class Task:
     reduced: str | None = None
     """What was cut from a paper's own setting that this machine cannot run (epochs, learning rates, corpus): printed
     beside the task's table and each claim judged on it, so a verdict is read as one outside the paper's regime."""
+    at_budget: tuple[tuple[str, float, tuple[str, ...]], ...] = ()
+    """(method, budget, overrides) added to that method's cells at that budget: a setting that depends on the budget,
+    e.g. sparse's per-run selection epsilon where a profile's budget is a total and no run has an epsilon of its
+    own to take a share of."""
+
+    def budget_overrides(self, method: Method, epsilon: float | None) -> tuple[str, ...]:
+        return next((overrides for name, budget, overrides in self.at_budget
+                     if name == method.name and budget == epsilon), ())
 
     def skip_reason(self) -> str | None:
         """Why the task cannot run on this machine (its data is not installed), or None."""
@@ -222,6 +230,23 @@ def _budget(chosen: dict[str, Any], tuning: GridSpec, smoke: bool, where: str) -
     return budget
 
 
+def _at_budget(task: str, raw: dict[str, Any] | None, methods: list[str], budgets: tuple[float, ...],
+               where: Path) -> tuple[tuple[str, float, tuple[str, ...]], ...]:
+    """A profile task entry's `at_budget: {method: {budget: [overrides]}}`; a method or budget the task does not run
+    is refused (a typo would leave the setting silently off)."""
+    entries = []
+    for method, by_budget in (raw or {}).items():
+        if method not in methods:
+            raise ConfigurationError(f"{where}: tasks.{task}.at_budget names {method!r}, not one of its methods "
+                                     f"{methods}")
+        for budget, overrides in by_budget.items():
+            if float(budget) not in budgets:
+                raise ConfigurationError(f"{where}: tasks.{task}.at_budget.{method} names budget {budget}, not one "
+                                         f"of the task's budgets {list(budgets)}")
+            entries.append((method, float(budget), tuple(overrides)))
+    return tuple(entries)
+
+
 def _task_budgets(task: str, own: list[float] | None, profile_budgets: list[float], profile: str,
                   where: Path) -> tuple[float, ...] | None:
     """Those of a task's own budgets that the profile runs (a smoke profile runs fewer); none left is an error."""
@@ -274,6 +299,7 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
         unknown = [m for m in entry["methods"] if m not in methods]
         if unknown:
             raise ConfigurationError(f"{path}: task {task_name!r} names unknown methods {unknown}")
+        own_budgets = _task_budgets(task_name, spec.get("budgets"), chosen["budgets"], profile, path)
         tasks.append(Task(
             name=task_name, title=str(spec.get("title", task_name)),
             overrides=(*spec.get("overrides", []), *entry.get("overrides", [])),
@@ -287,7 +313,9 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
             note=spec.get("note"), chance=None if spec.get("chance") is None else float(spec["chance"]),
             anchors=_anchors(task_name, spec.get("anchors", []), path), cost_only=bool(spec.get("cost_only", False)),
             fixed=_fixed(task_name, spec.get("fixed"), path),
-            budgets=_task_budgets(task_name, spec.get("budgets"), chosen["budgets"], profile, path),
+            budgets=own_budgets,
+            at_budget=_at_budget(task_name, entry.get("at_budget"), entry["methods"],
+                                 own_budgets or tuple(float(b) for b in chosen["budgets"]), path),
             reduced=spec.get("reduced"),
             noise_multiplier=None if spec.get("noise_multiplier") is None else float(spec["noise_multiplier"]),
         ))

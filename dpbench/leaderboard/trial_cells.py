@@ -19,8 +19,8 @@ def cell_for(suite: Suite, task: Task, method: Method, variant: Variant, phase: 
     """The cell's overrides; with `noise_multiplier` (a total budget's calibration) the run's noise is fixed there
     instead of calibrated to `epsilon` for the run alone."""
     optimizer = task.optimizer_of(method)
-    overrides = [*task.overrides, *variant.overrides, f"optimizer={optimizer}", f"optimizer.lr={lr}", f"seed={seed}",
-                 *suite.common, f"logger.group=leaderboard-{task.name}"]
+    overrides = [*task.overrides, *variant.overrides, *task.budget_overrides(method, epsilon), f"optimizer={optimizer}",
+                 f"optimizer.lr={lr}", f"seed={seed}", *suite.common, f"logger.group=leaderboard-{task.name}"]
     noise_multiplier = task.noise_multiplier or noise_multiplier  # a published anchor's own noise is never calibrated
     if method.private:
         noise = ["privacy.epsilon=null", f"privacy.noise_multiplier={noise_multiplier!r}"] if noise_multiplier \

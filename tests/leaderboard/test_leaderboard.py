@@ -101,7 +101,7 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path, caplog):
     assert fmt_value(rerun["test_accuracy"], "accuracy") in table[0]
     assert any(fmt_value(nonprivate["test_accuracy"], "accuracy") in line for line in markdown.splitlines()
                if line.startswith("| non-private |"))
-    assert "| JL (r=1) |" in markdown and "cannot reach epsilon 1: " + refused.reason in markdown
+    assert "| JL (r=1) |" in markdown and "refused at epsilon 1: " + refused.reason in markdown
     cnn_section = markdown.split("### tiny CNN")[1].split("###")[0]
     assert "Three steps only, so the numbers say nothing." in cnn_section
     assert "at delta 1e-05 for every task but tiny ViT: 1e-06 (each below 1/N, N the task's training-set" in markdown

@@ -22,6 +22,10 @@ CHOSEN = [  # (task, variant, method, status, seed, epsilon, lr, clip, s/step, p
     ("vit", "dpsgd", "dpsgd", "done", 0, "8.0", 0.5, 1.0, 0.2, 600.0),  # none at the costs' budget: this one runs
     ("vit", "jl_r1", "jl", "refused", 0, "1.0", 1.0, 1.0, "", ""),
 ]
+NOISE = 2.5
+"""The suite cells' calibrated noise multiplier: a total budget's, which the recost runs as it is."""
+REFUSAL = ("privacy.epsilon=1 at delta=1e-06 is unreachable for this run even with noise multiplier 1000: the suite's "
+           "reason")
 BEFORE = "# dpbench leaderboard\n\nThe cells' tables.\n"
 SCALE = f"{SCALE_TITLE}\n\nThe frontier records.\n"
 OFFLINE = {"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
@@ -36,7 +40,9 @@ def _docs(tmp_path, chosen=CHOSEN):
         for task, variant, method, status, seed, epsilon, lr, clip, step, peak in chosen:
             writer.writerow({"task": task, "method": method, "variant": variant, "phase": "test", "status": status,
                              "target_epsilon": epsilon, "seed": seed, "lr": lr, "clip_norm": clip, "s_per_step": step,
-                             "samples_per_s": 100 / step if step else "", "peak_memory_mb": peak})
+                             "samples_per_s": 100 / step if step else "", "peak_memory_mb": peak,
+                             "noise_multiplier": NOISE if status == "done" and epsilon and step else "",
+                             "reason": REFUSAL if status == "refused" else ""})
         writer.writerow({"task": "cnn", "method": "dpsgd", "variant": "dpsgd", "phase": "tune", "status": "done",
                          "target_epsilon": "1.0", "seed": 0, "lr": 9.0, "clip_norm": 9.0})
     (docs / "leaderboard.md").write_text(BEFORE + "\n" + SCALE)
@@ -73,7 +79,8 @@ def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, mo
         assert row["samples_per_s"] == results["samples_per_s"] and row["peak_memory_mb"] == results["peak_memory_mb"]
         assert row["memory_method"] == results["memory_method"]
         assert row["s_per_step"] == results["step_time_s"]
-    assert json.loads((root / rows["dpsgd"]["cell"] / "results.json").read_text())["clip_norm"] == 1.3
+    dpsgd_results = json.loads((root / rows["dpsgd"]["cell"] / "results.json").read_text())
+    assert dpsgd_results["clip_norm"] == 1.3 and dpsgd_results["noise_multiplier"] == NOISE  # the suite's own cell
     assert rows["dpsgd"]["recorded"] == {"samples_per_s": (100 / 0.1 + 100 / 0.3) / 2, "s_per_step": 0.2,
                                          "peak_memory_mb": 450.0}  # medians over the seeds at the costs' budget
 
@@ -88,12 +95,15 @@ def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, mo
     expected = rows["nonprivate"]["s_per_step"] / rows["dpsgd"]["s_per_step"]
     assert nonprivate[3] == f"{expected:.2f}x" and nonprivate[6] == "0.25x"
 
-    # The ViT runs no cell at the costs' budget for DP-SGD: its lowest budget's, labelled; JL's refusal in the columns.
+    # The ViT runs no cell at the costs' budget for DP-SGD: its lowest budget's, labelled; JL, which the suite refused,
+    # is not run: its reason in the columns.
     assert main([*argv[:-1], "vit"]) == 0
     vit = {row["variant"]: row for row in json.loads((docs / "leaderboard" / "costs" / "vit.json").read_text())["rows"]}
     assert vit["dpsgd"]["status"] == "done" and vit["dpsgd"]["epsilon"] == 8.0
-    assert json.loads((root / vit["dpsgd"]["cell"] / "results.json").read_text())["target_epsilon"] == 8.0
-    assert vit["jl_r1"]["status"] == "refused" and "unreachable" in vit["jl_r1"]["reason"]
+    assert "eps8" in vit["dpsgd"]["cell"]
+    assert json.loads((root / vit["dpsgd"]["cell"] / "results.json").read_text())["noise_multiplier"] == NOISE
+    assert vit["jl_r1"]["status"] == "refused" and vit["jl_r1"]["reason"] == REFUSAL and vit["jl_r1"]["cell"] is None
+    assert not (root / "vit" / "jl_r1").exists()
     text = (docs / "leaderboard.md").read_text()
     assert _row(text, "DP-SGD (at epsilon 8)")[3] == "1.00x"
     refused = next(line for line in text.splitlines() if line.startswith("| JL (r=1) |"))
@@ -169,7 +179,7 @@ def test_an_edited_tree_is_measured_afresh_each_time(tmp_path, monkeypatch, meas
     for key, value in OFFLINE.items():
         monkeypatch.setenv(key, value)
     monkeypatch.setattr("dpbench.leaderboard.__main__.commit", lambda: measured)
-    docs = _docs(tmp_path, CHOSEN[-1:])  # one refused cell: quick
+    docs = _docs(tmp_path, [(*CHOSEN[-1][:3], "done", *CHOSEN[-1][4:])])  # its re-run is refused at once: quick
     monkeypatch.chdir(tmp_path)
     argv = [arg for arg in _argv(tmp_path, docs, "vit") if arg not in ("--root", str(tmp_path / "costs"))]
     assert main(argv) == 0

@@ -129,7 +129,7 @@ def test_the_report_shows_the_total_and_per_run_epsilon_and_only_noisy_scores(su
     assert (f"total epsilon {budget.total:.2f} (5 trials, 3 final runs), {budget.per_run:.2f} per run"
             in markdown)
     assert "Each budget is a total, tuning included" in markdown and "runs the same 5 trials" in markdown
-    assert "cannot reach epsilon 1 [1]" in markdown and "no noise multiplier reaches it" in markdown
+    assert "refused at epsilon 1 [1]" in markdown and "no noise multiplier reaches it" in markdown
     with (docs / "leaderboard" / "cells.csv").open() as handle:
         rows = [row for row in csv.DictReader(handle) if row["phase"] == "tune" and row["variant"] == "dpsgd"
                 and row["target_epsilon"] == "3.0"]

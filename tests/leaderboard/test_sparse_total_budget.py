@@ -1,0 +1,98 @@
+"""sparse under `budget: total`: no run has an epsilon of its own to take the selection's share of, so the selection
+budget comes from the profile task's `at_budget` (a per-run selection epsilon per budget), and the total calibrated
+for the cells then spends the selection, the Gaussian noise and the noisy scores together; without it the method is
+refused with the privatizer's reason, never run with an unaccounted selection."""
+
+import pytest
+
+from dpbench.core.errors import ConfigurationError
+from dpbench.leaderboard import load_suite
+from dpbench.leaderboard.total_budget import TotalBudget, calibrate_budget, composition_for, procedure_of
+from dpbench.leaderboard.trial_cells import cell_for, trial_cell
+from dpbench.privacy.procedure import Procedure, procedure_epsilon
+from dpbench.privacy.sparse_step_accounting import SubsampledSelectionGaussian
+
+SUITE = """
+delta: 1.0e-6
+common: [trainer.enable_progress_bar=false, trainer.checkpoint=false, trainer.check_val_every_n_epoch=null]
+methods:
+  dpadam: {label: DP-Adam, overrides: [privatizer=vanilla], optimizer: adam}
+  sparse: {overrides: [privatizer=sparse, privatizer.sparsity=0.01, privatizer.clip2=10.0], optimizer: adam}
+tasks:
+  w2v:
+    title: tiny word2vec
+    overrides: [model=word2vec, data=bbc_news, model.init_std=1.0, data.train_size=1000, batch_size=100,
+                max_steps=20]
+    optimizer: adam
+    lr: {adam: [0.001, 0.01]}
+    clip: [1.0, 5.0]
+    validation_size: 200
+profiles:
+  totals:
+    budgets: [3, 8]
+    tune_epsilon: 3
+    budget: total
+    tuning: {lr_points: 2, clip_points: 2, max_growth: 1, each_budget: true, trials: 4, score_noise: 10}
+    seeds: [1, 2]
+    smoke: true
+    tasks:
+      w2v:
+        methods: [dpadam, sparse]
+AT_BUDGET
+"""
+SELECTION = "        at_budget: {sparse: {3: [privatizer.selection_epsilon=0.2]}}\n"
+
+
+def _suite(tmp_path, at_budget=SELECTION):
+    path = tmp_path / "suite.yaml"
+    path.write_text(SUITE.replace("AT_BUDGET\n", at_budget))
+    return load_suite("totals", path)
+
+
+def _problem(suite, budget):
+    task = suite.tasks[0]
+    method = next(m for m in task.methods if m.name == "sparse")
+    variant = method.variants()[0]
+    trial = trial_cell(suite, task, method, variant, budget, 0, 0.003, 5.0, 1.0)
+    final = cell_for(suite, task, method, variant, "test", budget, suite.seeds[0], None, 0.003, 5.0, 1.0)
+    return TotalBudget(budget, task.delta, 4, len(suite.seeds), 10.0, [trial.overrides, final.overrides])
+
+
+def test_the_budgets_selection_epsilon_reaches_that_budgets_cells_only(tmp_path):
+    suite = _suite(tmp_path)
+    task = suite.tasks[0]
+    dpadam, sparse = task.methods
+    at = {(method.name, budget): cell_for(suite, task, method, method.variants()[0], "test", budget, 1, None, 0.01,
+                                          1.0, 1.0).overrides for method in (dpadam, sparse) for budget in (3.0, 8.0)}
+    assert "privatizer.selection_epsilon=0.2" in at["sparse", 3.0]
+    assert [item for item in at["sparse", 3.0] if item != "privatizer.selection_epsilon=0.2"] == at["sparse", 8.0]
+    assert not any("selection_epsilon" in item for item in at["dpadam", 3.0] + at["sparse", 8.0])
+
+
+def test_the_total_spends_the_selection_with_the_noise_and_without_it_the_method_is_refused(tmp_path):
+    suite = _suite(tmp_path)
+    budget = calibrate_budget(_problem(suite, 3.0))
+    assert budget.reason is None, budget.reason
+    trial_for, _ = composition_for(budget.inputs[0])
+    final_for, _ = composition_for(budget.inputs[1])
+    sigma = budget.noise_multiplier
+    (mechanism, steps), = trial_for(sigma)
+    assert isinstance(mechanism, SubsampledSelectionGaussian) and mechanism.draw_epsilon > 0 and mechanism.draws > 0
+    assert budget.total == procedure_epsilon(trial_for(sigma), final_for(sigma), procedure_of(budget), budget.delta)
+    assert 0.95 * 3.0 <= budget.total <= 3.0
+    selection = SubsampledSelectionGaussian(mechanism.sampling_rate, None, mechanism.draw_epsilon, mechanism.draws)
+    selection_only = [(selection, steps)]
+    spent = procedure_epsilon(selection_only, selection_only, Procedure(4, 2, None), budget.delta)
+    assert 0 < spent < budget.total  # the selection is inside the total, and leaves the noise a share
+
+    refused = calibrate_budget(_problem(suite, 8.0))  # no selection budget named at 8
+    assert refused.noise_multiplier is None and "privatizer=sparse needs a selection budget" in refused.reason
+
+
+@pytest.mark.parametrize(("at_budget", "message"), [
+    ("        at_budget: {sparce: {3: [privatizer.selection_epsilon=0.2]}}\n", "names 'sparce', not one of its"),
+    ("        at_budget: {sparse: {1: [privatizer.selection_epsilon=0.2]}}\n", "names budget 1, not one of"),
+], ids=["unknown method", "a budget the task does not run"])
+def test_an_at_budget_naming_what_the_task_does_not_run_is_refused(tmp_path, at_budget, message):
+    with pytest.raises(ConfigurationError, match=message):
+        _suite(tmp_path, at_budget)
