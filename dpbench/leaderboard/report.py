@@ -393,15 +393,22 @@ def _anchor_lines(task: Task, entries: list[Entry]) -> list[str]:
 
 def _planned(suite: Suite, cell: dict[str, Any]) -> bool:
     """Whether the suite as it stands would run this recorded cell: a method or a budget since dropped from a task
-    (D2P2's setting once ran epsilon 3) is stale, not a result."""
+    (D2P2's setting once ran epsilon 3), or a cell recorded without a setting the suite file now gives it (the
+    suite re-runs it), is stale, not a result."""
     for task in suite.tasks:
         if task.name != cell.get("task"):
             continue
-        if not any(variant.name == cell.get("variant") for method in task.methods for variant in method.variants()):
+        found = next(((method, variant) for method in task.methods for variant in method.variants()
+                      if variant.name == cell.get("variant")), None)
+        if found is None:
             return False
+        method, variant = found
         budgets = task.budgets or suite.budgets
         allowed = {*budgets, *(suite.tuning_budget(b) for b in budgets)}
-        return cell.get("epsilon") is None or float(cell["epsilon"]) in allowed
+        epsilon = None if cell.get("epsilon") is None else float(cell["epsilon"])
+        recorded = set(cell.get("overrides") or [])
+        given = {*task.overrides, *variant.overrides, *task.budget_overrides(method, epsilon)}
+        return (epsilon is None or epsilon in allowed) and given <= recorded
     return False
 
 
@@ -520,7 +527,8 @@ def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str
         f"- Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from {len(outcomes)} cells "
         f"under `{root}` ({counts['done']} done, {counts['refused']} refused, {counts['failed']} failed, "
         f"{counts['pending']} pending); suite file `{suite.path.name}`"
-        + (f"; left out: {stale} cell(s) of methods, rungs or budgets the suite no longer runs" if stale else "") + ".",
+        + (f"; left out: {stale} cell(s) of methods, rungs or budgets the suite no longer runs, or recorded without "
+           "a setting the suite file now gives them (the suite runs them again)" if stale else "") + ".",
         f"- Machine: {runs[-1]['machine'] if runs else machine()}.",
         f"- Wall time: {cell_wall:.0f} s summed over the cells' processes"
         + (f"; suite invocations: {_invocations(runs)}" if runs else "")
@@ -705,6 +713,7 @@ def _task_sections(suite: Suite, found: _Found, figures: Path,
             lines += [task.note, ""]
         if task.reduced:
             lines += [f"Reduced from the paper's own setting: {task.reduced}.", ""]
+        lines += _at_budget_lines(task)
         if task.fixed:
             lines += [f"Not tuned: every method runs at the published recipe's learning rate {task.fixed[0]:g}"
                       + ("" if task.fixed[1] is None else f" and clip norm {task.fixed[1]:g}") + ".", ""]
@@ -734,6 +743,16 @@ def _task_sections(suite: Suite, found: _Found, figures: Path,
                 lines += [task.note, ""]
             lines += _cost_table(task, task_entries, suite)
     return lines, panels
+
+
+def _at_budget_lines(task: Task) -> list[str]:
+    """The settings a method takes at one budget only (the suite's at_budget): part of what its cells ran."""
+    if not task.at_budget:
+        return []
+    labels = {method.name: method.label for method in task.methods}
+    settings = "; ".join(f"{labels[name]} at epsilon {budget:g}: `{' '.join(overrides)}`"
+                         for name, budget, overrides in task.at_budget)
+    return [f"Set per budget (the suite file's at_budget, in those cells' overrides): {settings}.", ""]
 
 
 def _claims_section(suite: Suite, claims: list[str], family: Family) -> list[str]:

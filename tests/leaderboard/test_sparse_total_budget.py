@@ -7,6 +7,7 @@ import pytest
 
 from dpbench.core.errors import ConfigurationError
 from dpbench.leaderboard import load_suite
+from dpbench.leaderboard.report import _at_budget_lines, _planned
 from dpbench.leaderboard.total_budget import TotalBudget, calibrate_budget, composition_for, procedure_of
 from dpbench.leaderboard.trial_cells import cell_for, trial_cell
 from dpbench.privacy.procedure import Procedure, procedure_epsilon
@@ -96,3 +97,23 @@ def test_the_total_spends_the_selection_with_the_noise_and_without_it_the_method
 def test_an_at_budget_naming_what_the_task_does_not_run_is_refused(tmp_path, at_budget, message):
     with pytest.raises(ConfigurationError, match=message):
         _suite(tmp_path, at_budget)
+
+
+def test_the_report_names_each_budgets_setting_under_the_tasks_title(tmp_path):
+    assert _at_budget_lines(_suite(tmp_path).tasks[0]) == [
+        "Set per budget (the suite file's at_budget, in those cells' overrides): sparse DP-Adam at epsilon 3: "
+        "`privatizer.selection_epsilon=0.2`.", ""]
+    assert _at_budget_lines(_suite(tmp_path, "").tasks[0]) == []
+
+
+def test_a_cell_recorded_without_its_budgets_setting_is_stale_in_the_report(tmp_path):
+    """The suite re-runs a cell whose overrides the suite file changed; until then the report must not show it."""
+    suite = _suite(tmp_path)
+    task = suite.tasks[0]
+    sparse = task.methods[1]
+    cell = cell_for(suite, task, sparse, sparse.variants()[0], "test", 3.0, 1, None, 0.003, 5.0, 1.0)
+    recorded = {"task": "w2v", "variant": "sparse", "epsilon": 3.0, "overrides": cell.overrides}
+    assert _planned(suite, recorded)
+    without = [item for item in cell.overrides if "selection_epsilon" not in item]
+    assert not _planned(suite, {**recorded, "overrides": without})
+    assert _planned(suite, {**recorded, "epsilon": 8.0, "overrides": without})  # 8 names no setting
