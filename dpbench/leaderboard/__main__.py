@@ -154,7 +154,8 @@ def _recost(args: argparse.Namespace, suite: Suite, parameters: dict[str, object
     except ConfigurationError as error:
         print(f"dpbench.leaderboard: error: {error}", file=sys.stderr)
         return 2
-    print(f"wrote {rewrite_costs_section(args.docs, [task.name for task in suite.tasks])} (cells under {root})")
+    written = rewrite_costs_section(args.docs, [task.name for task in suite.tasks], suite.tune_epsilon)
+    print(f"wrote {written} (cells under {root})")
     return 0
 
 

@@ -87,13 +87,12 @@ def _optional(text: str) -> float | None:
     return float(text) if text else None
 
 
-def _stale(record: dict[str, Any], cells_csv: Path) -> str | None:
+def _stale(record: dict[str, Any], chosen: dict[str, list[dict[str, str]]], epsilon: float) -> str | None:
     """Why a record no longer measures the report's choice (the suite re-chose a learning rate, clip norm or budget,
-    or ran other methods since), else None: its figures would otherwise sit beside cells they did not measure."""
-    try:
-        chosen = _chosen_rows(cells_csv, record["task"], record["epsilon"])
-    except ConfigurationError:
-        return "the report has no test cell of this task"
+    calibrated another noise, finished a cell it had not, or ran other methods since), else None: its figures would
+    otherwise sit beside cells they did not measure."""
+    if record["epsilon"] != epsilon:
+        return f"it measured the cells at epsilon {record['epsilon']:g}; the report's costs are at {epsilon:g}"
     measured = {row["variant"]: row for row in record["rows"]}
     if set(measured) != set(chosen):
         return "the report's methods differ from those it measured"
@@ -102,6 +101,11 @@ def _stale(record: dict[str, Any], cells_csv: Path) -> str | None:
         if (row["lr"], row["clip_norm"], row["epsilon"]) != (
                 float(cell["lr"]), _optional(cell["clip_norm"]), _optional(cell["target_epsilon"])):
             return f"{row['label']}'s chosen learning rate, clip norm or budget changed since"
+        if "suite_noise_multiplier" not in row:
+            return "it was measured before records kept the suite cell's noise multiplier and status"
+        suite_cell = (cell["status"], _optional(cell["noise_multiplier"]))
+        if (row["suite_status"], row["suite_noise_multiplier"]) != suite_cell:
+            return f"{row['label']}'s cell has another status or noise multiplier in the suite since"
     return None
 
 
@@ -112,26 +116,30 @@ def _median(rows: list[dict[str, str]], column: str) -> float | None:
 
 def _measure(suite: Suite, task: Task, method: Method, variant: Variant, rows: list[dict[str, str]], root: Path,
              launcher: str, parameters: dict[str, Any] | None) -> dict[str, Any]:
-    recorded = {"samples_per_s": _median(rows, "samples_per_s"), "s_per_step": _median(rows, "s_per_step"),
-                "peak_memory_mb": _median(rows, "peak_memory_mb")}
     chosen = _measured(rows)
     epsilon = float(chosen["target_epsilon"]) if method.private else None
+    suite_cell = {"variant": variant.name, "label": variant.label, "seed": int(chosen["seed"]), "epsilon": epsilon,
+                  "lr": float(chosen["lr"]), "clip_norm": _optional(chosen["clip_norm"]) if method.private else None,
+                  "suite_status": chosen["status"], "suite_noise_multiplier": _optional(chosen["noise_multiplier"])}
     if chosen["status"] != "done":  # the suite finished no such cell (e.g. an unreachable total): nothing to measure
-        return {"variant": variant.name, "label": variant.label, "recorded": recorded, "seed": int(chosen["seed"]),
-                "epsilon": epsilon, "status": chosen["status"], "reason": chosen["reason"] or None,
-                "lr": float(chosen["lr"]), "clip_norm": _optional(chosen["clip_norm"]), "cell": None}
+        return {**suite_cell, "status": chosen["status"], "reason": chosen["reason"] or None, "cell": None}
     if method.private and not chosen["clip_norm"]:
         raise ConfigurationError(f"--recost {task.name}: the cells.csv row of {variant.name} (seed {chosen['seed']}) "
                                  "has no clip_norm, which a private method needs: regenerate cells.csv from the cells")
-    clip = float(chosen["clip_norm"]) if method.private else None
-    cell = cell_for(suite, task, method, variant, "test", epsilon, int(chosen["seed"]), None, float(chosen["lr"]),
-                    clip, _optional(chosen["noise_multiplier"]) if method.private else None)
+    noise = None
+    if method.private and suite.total and task.noise_multiplier is None:  # the total's calibration, not the run's own
+        noise = suite_cell["suite_noise_multiplier"]
+        if noise is None:
+            raise ConfigurationError(f"--recost {task.name}: the cells.csv row of {variant.name} (seed "
+                                     f"{chosen['seed']}) has no noise_multiplier, which a total budget's cell runs "
+                                     "at: regenerate cells.csv from the cells")
+    cell = cell_for(suite, task, method, variant, "test", epsilon, suite_cell["seed"], None, suite_cell["lr"],
+                    suite_cell["clip_norm"], noise)
     status = run_cell(cell, root, launcher=launcher, parameters=parameters)
     outcome = read_outcome(cell.directory(root))
     results = outcome.results if outcome is not None and outcome.results else {}
-    return {"variant": variant.name, "label": variant.label, "recorded": recorded, "seed": cell.seed,
-            "epsilon": epsilon, "status": status, "reason": outcome.reason if outcome else None, "lr": cell.lr,
-            "clip_norm": cell.clip_norm, "samples_per_s": results.get("samples_per_s"),
+    return {**suite_cell, "status": status, "reason": outcome.reason if outcome else None,
+            "samples_per_s": results.get("samples_per_s"),
             "s_per_step": seconds_per_step(results) if results else None,
             "peak_memory_mb": results.get("peak_memory_mb"), "memory_method": results.get("memory_method"),
             "test_value": outcome.value("test") if outcome else None,
@@ -188,12 +196,15 @@ def _peak_meaning(record: dict[str, Any]) -> str:
     methods = {str(row.get("memory_method") or "") for row in record["rows"] if row["status"] == "done"}
     if methods and all(method.startswith("working set") for method in methods):
         return "peak: the working set, malloc's bytes in use at their peak"
-    if methods and all(method.startswith("max_memory_reserved") for method in methods):
+    if methods and all("max_memory_reserved" in method for method in methods):
         return "peak: CUDA max_memory_reserved"
+    if methods and all(methods):
+        return "peak: measured differently by its runs (each cell's results.json names how)"
     return "peak: the resident high-water mark above the process's start"
 
 
-def _record_lines(record: dict[str, Any]) -> list[str]:
+def _record_lines(record: dict[str, Any], chosen: dict[str, list[dict[str, str]]]) -> list[str]:
+    """The record's table; its "cells:" columns are the medians over seeds of the cells.csv rows it re-measured."""
     base = next((row for name in BASELINES for row in record["rows"] if row["variant"] == name), None)
     versus = f"step vs {base['label']}" if base else "step vs vanilla"
     load = record.get("load_average_at_end")
@@ -205,50 +216,57 @@ def _record_lines(record: dict[str, Any]) -> list[str]:
              f"| method | samples/s | s/step | {versus} | peak MB | cells: s/step | cells: {versus} | cells: peak MB |",
              "|---" * 8 + "|"]
     base_step = base.get("s_per_step") if base else None
-    base_recorded = base["recorded"]["s_per_step"] if base else None
+    base_cells = _median(chosen[base["variant"]], "s_per_step") if base else None
     for row in record["rows"]:
-        recorded = row["recorded"]
+        cells = chosen[row["variant"]]
         if row["status"] != "done":
             reason = _short(row.get("reason") or "")
             measured = f"{row['status']}{': ' + reason if reason else ''} | | |"
         else:
             measured = (f"{fmt_number(row['samples_per_s'], '.0f')} | {fmt_number(row['s_per_step'], '.3f')} | "
                         f"{fmt_ratio(row['s_per_step'], base_step)} | {fmt_number(row['peak_memory_mb'], '.0f')}")
-        lines.append(f"| {_label(row, record['epsilon'])} | {measured} | {fmt_number(recorded['s_per_step'], '.3f')} | "
-                     f"{fmt_ratio(recorded['s_per_step'], base_recorded)} | "
-                     f"{fmt_number(recorded['peak_memory_mb'], '.0f')} |")
+        step = _median(cells, "s_per_step")
+        lines.append(f"| {_label(row, record['epsilon'])} | {measured} | {fmt_number(step, '.3f')} | "
+                     f"{fmt_ratio(step, base_cells)} | {fmt_number(_median(cells, 'peak_memory_mb'), '.0f')} |")
     return [*lines, ""]
 
 
-def costs_section(costs_dir: Path, cells_csv: Path, tasks: list[str]) -> list[str]:
-    """The records of the profile's tasks (`tasks`), in its order; a record that no longer measures the hyperparameters
-    cells.csv names is listed as stale, without its figures."""
+def costs_section(costs_dir: Path, cells_csv: Path, tasks: list[str], epsilon: float) -> list[str]:
+    """The records of the profile's tasks (`tasks`), in its order, at the budget whose costs the report shows
+    (`epsilon`); a record that no longer measures the cells cells.csv names is listed as stale, without its
+    figures."""
     records = {path.stem: json.loads(path.read_text()) for path in Path(costs_dir).glob("*.json")}
     records = {name: records[name] for name in tasks if name in records}
     if not records:
         return []
     lines = [SECTION_TITLE, "",
              "Each task's chosen test cells run again after a change to a method's code (`python -m "
-             "dpbench.leaderboard --recost TASK`): the hyperparameters the suite chose, the first seed, one process "
-             "at a time. The cells' columns (medians over seeds, run two at a time, perhaps on another machine) are "
-             "shown beside; compare speeds across methods within a record (each step against DP-SGD's, or DP-Adam's "
-             "where the task runs no DP-SGD), not across records.", ""]
+             "dpbench.leaderboard --recost TASK`): the suite's own cell (its hyperparameters and noise), the first "
+             "finished seed, one process at a time. The cells' columns (medians over seeds, run two at a time, "
+             "perhaps on another machine) are shown beside; compare speeds across methods within a record (each "
+             "step against DP-SGD's, or DP-Adam's where the task runs no DP-SGD), not across records.", ""]
     stale = []
     for name, record in records.items():
-        reason = _stale(record, cells_csv)
+        try:
+            chosen = _chosen_rows(cells_csv, name, epsilon)
+        except ConfigurationError:
+            stale.append(f"- `{name}` (commit {record['commit']}, {record['started']}): cells.csv has no test cell of "
+                         "this task")
+            continue
+        reason = _stale(record, chosen, epsilon)
         if reason is None:
-            lines += _record_lines(record)
+            lines += _record_lines(record, chosen)
         else:
             stale.append(f"- `{name}` (commit {record['commit']}, {record['started']}): {reason}; run "
                          f"`python -m dpbench.leaderboard --recost {name}`")
     if stale:
-        lines += ["Records that no longer measure this report's choices (not shown):", "", *stale, ""]
+        lines += ["Records that no longer measure this report's cells (not shown):", "", *stale, ""]
     return lines
 
 
-def rewrite(docs: Path, tasks: list[str]) -> Path:
+def rewrite(docs: Path, tasks: list[str], epsilon: float) -> Path:
     """Replace the section in docs/leaderboard.md (or insert it before the claims at scale, else at the end), leaving
-    every other section as it is; `tasks`: the profile's, in its order."""
+    every other section as it is; `tasks`: the profile's, in its order; `epsilon`: the budget its costs are at."""
     path = docs / "leaderboard.md"
     text = path.read_text()
     start = text.find("\n" + SECTION_TITLE)
@@ -258,7 +276,7 @@ def rewrite(docs: Path, tasks: list[str]) -> Path:
     else:
         scale_at = text.find("\n" + SCALE_TITLE)
         head, tail = (text[:scale_at], text[scale_at:]) if scale_at >= 0 else (text, "")
-    section = costs_section(docs / "leaderboard" / "costs", docs / "leaderboard" / "cells.csv", tasks)
+    section = costs_section(docs / "leaderboard" / "costs", docs / "leaderboard" / "cells.csv", tasks, epsilon)
     body = "\n".join(section) + "\n" if section else ""
     path.write_text(head.rstrip("\n") + "\n\n" + body + tail.lstrip("\n"))
     return path

@@ -35,9 +35,10 @@ from dpbench.leaderboard.private_selection import Selection, read_selection
 from dpbench.leaderboard.provenance import CommitCheck, require_one_code
 from dpbench.leaderboard.recost import costs_section
 from dpbench.leaderboard.scale import scale_section
-from dpbench.leaderboard.suite import MIN_EVALUATION_SEEDS, Suite, Task
+from dpbench.leaderboard.suite import MIN_EVALUATION_SEEDS, Method, Suite, Task, Variant
 from dpbench.leaderboard.summary import DIVERGENCE_RULE, Entry, Tuning, attach_selection, seconds_per_step, summarize
 from dpbench.leaderboard.total_budget import TotalBudget, budget_path, read_budget
+from dpbench.leaderboard.trial_cells import cell_for
 
 RUNS_FILE = "suite_runs.json"
 CSV_COLUMNS = ("task", "method", "variant", "label", "phase", "status", "reason", "target_epsilon", "epsilon_spent",
@@ -188,10 +189,11 @@ def _cell_text(task: Task, entry: Entry | None, notes: list[str], selections: Se
     if entry is None:
         return "-"
     if entry.refused:
-        note = f"refused at epsilon {entry.epsilon:g}: {entry.refused}"
+        at = "refused" if entry.epsilon is None else f"refused at epsilon {entry.epsilon:g}"  # non-private: no budget
+        note = f"{at}: {entry.refused}"
         if note not in notes:
             notes.append(note)
-        return f"refused at epsilon {entry.epsilon:g} [{notes.index(note) + 1}]"
+        return f"{at} [{notes.index(note) + 1}]"
     if entry.mean is not None:
         text = fmt_entry(entry)
         point = f"lr {entry.lr:.3g}" + ("" if entry.clip_norm is None else f", clip {entry.clip_norm:.3g}")
@@ -392,9 +394,9 @@ def _anchor_lines(task: Task, entries: list[Entry]) -> list[str]:
 
 
 def _planned(suite: Suite, cell: dict[str, Any]) -> bool:
-    """Whether the suite as it stands would run this recorded cell: a method or a budget since dropped from a task
-    (D2P2's setting once ran epsilon 3), or a cell recorded without a setting the suite file now gives it (the
-    suite re-runs it), is stale, not a result."""
+    """Whether the suite as it stands would run this recorded cell as it was run: a method or a budget since dropped
+    from a task (D2P2's setting once ran epsilon 3) is stale, not a result, and so is a cell whose overrides differ
+    from those the suite file now gives it (the suite runs it again: cells.recorded)."""
     for task in suite.tasks:
         if task.name != cell.get("task"):
             continue
@@ -402,14 +404,19 @@ def _planned(suite: Suite, cell: dict[str, Any]) -> bool:
                       if variant.name == cell.get("variant")), None)
         if found is None:
             return False
-        method, variant = found
         budgets = task.budgets or suite.budgets
         allowed = {*budgets, *(suite.tuning_budget(b) for b in budgets)}
         epsilon = None if cell.get("epsilon") is None else float(cell["epsilon"])
-        recorded = set(cell.get("overrides") or [])
-        given = {*task.overrides, *variant.overrides, *task.budget_overrides(method, epsilon)}
-        return (epsilon is None or epsilon in allowed) and given <= recorded
+        return (epsilon is None or epsilon in allowed) and _rebuilt(suite, task, *found, cell) == cell.get("overrides")
     return False
+
+
+def _rebuilt(suite: Suite, task: Task, method: Method, variant: Variant, cell: dict[str, Any]) -> list[str]:
+    """The overrides the suite file gives this cell now, at its recorded point, seed and noise."""
+    noise = next((item.split("=", 1)[1] for item in cell.get("overrides") or []
+                  if item.startswith("privacy.noise_multiplier=")), "null")
+    return cell_for(suite, task, method, variant, cell["phase"], cell.get("epsilon"), cell["seed"], cell.get("trial"),
+                    cell["lr"], cell.get("clip_norm"), None if noise == "null" else float(noise)).overrides
 
 
 @dataclass
@@ -450,7 +457,8 @@ def build(suite: Suite, root: Path, docs: Path, command: str, allow_mixed_commit
     lines += verdicts.glance + (["![metric vs epsilon, every task](leaderboard/headline.png)", ""]
                                 if headline else [])
     lines += task_lines + _claims_section(suite, verdicts.claims, family)
-    lines += costs_section(figures / "costs", figures / "cells.csv", [task.name for task in suite.tasks])
+    lines += costs_section(figures / "costs", figures / "cells.csv", [task.name for task in suite.tasks],
+                           suite.tune_epsilon)
     lines += scale_section(figures / "frontier")
     path = docs / "leaderboard.md"
     path.write_text("\n".join(lines))
@@ -527,8 +535,8 @@ def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str
         f"- Generated {datetime.now(timezone.utc).strftime('%Y-%m-%d %H:%M UTC')} from {len(outcomes)} cells "
         f"under `{root}` ({counts['done']} done, {counts['refused']} refused, {counts['failed']} failed, "
         f"{counts['pending']} pending); suite file `{suite.path.name}`"
-        + (f"; left out: {stale} cell(s) of methods, rungs or budgets the suite no longer runs, or recorded without "
-           "a setting the suite file now gives them (the suite runs them again)" if stale else "") + ".",
+        + (f"; left out: {stale} cell(s) of methods, rungs or budgets the suite no longer runs, or recorded with "
+           "other settings than the suite file now gives them (the suite runs them again)" if stale else "") + ".",
         f"- Machine: {runs[-1]['machine'] if runs else machine()}.",
         f"- Wall time: {cell_wall:.0f} s summed over the cells' processes"
         + (f"; suite invocations: {_invocations(runs)}" if runs else "")

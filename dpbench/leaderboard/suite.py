@@ -90,6 +90,7 @@ class Task:
     own to take a share of."""
 
     def budget_overrides(self, method: Method, epsilon: float | None) -> tuple[str, ...]:
+        """The overrides at_budget gives `method`'s cells at `epsilon` (none for another budget or method)."""
         return next((overrides for name, budget, overrides in self.at_budget
                      if name == method.name and budget == epsilon), ())
 
@@ -230,21 +231,39 @@ def _budget(chosen: dict[str, Any], tuning: GridSpec, smoke: bool, where: str) -
     return budget
 
 
-def _at_budget(task: str, raw: dict[str, Any] | None, methods: list[str], budgets: tuple[float, ...],
+def _at_budget(task: str, raw: Any, methods: dict[str, Method], budgets: tuple[float, ...], each_budget: bool,
                where: Path) -> tuple[tuple[str, float, tuple[str, ...]], ...]:
-    """A profile task entry's `at_budget: {method: {budget: [overrides]}}`; a method or budget the task does not run
-    is refused (a typo would leave the setting silently off)."""
-    entries = []
-    for method, by_budget in (raw or {}).items():
-        if method not in methods:
-            raise ConfigurationError(f"{where}: tasks.{task}.at_budget names {method!r}, not one of its methods "
-                                     f"{methods}")
+    """A profile task entry's `at_budget: {method: {budget: [overrides]}}`, refused where it would not take effect as
+    written: a method or budget the task does not run, a non-private method (its cells have no budget), a profile
+    whose trials all run at one budget, or a value that is not a list of overrides."""
+    if raw is None:
+        return ()
+    key = f"{where}: tasks.{task}.at_budget"
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"{key} must map methods to {{budget: [overrides]}}, got {raw!r}")
+    if not each_budget:
+        raise ConfigurationError(f"{key} needs tuning.each_budget: true (otherwise every trial runs at one budget "
+                                 "and its final runs at another's settings)")
+    entries: dict[tuple[str, float], tuple[str, ...]] = {}
+    for name, by_budget in raw.items():
+        if name not in methods:
+            raise ConfigurationError(f"{key} names {name!r}, not one of its methods {list(methods)}")
+        if not methods[name].private:
+            raise ConfigurationError(f"{key} names {name!r}, a non-private method: its cells have no budget")
+        if not isinstance(by_budget, dict):
+            raise ConfigurationError(f"{key}.{name} must map budgets to lists of overrides, got {by_budget!r}")
         for budget, overrides in by_budget.items():
             if float(budget) not in budgets:
-                raise ConfigurationError(f"{where}: tasks.{task}.at_budget.{method} names budget {budget}, not one "
-                                         f"of the task's budgets {list(budgets)}")
-            entries.append((method, float(budget), tuple(overrides)))
-    return tuple(entries)
+                raise ConfigurationError(f"{key}.{name} names budget {budget}, not one of the task's budgets "
+                                         f"{list(budgets)}")
+            if not isinstance(overrides, list) or not all(isinstance(item, str) for item in overrides):
+                raise ConfigurationError(f"{key}.{name}.{budget} must be a list of overrides, got {overrides!r}")
+            entries[name, float(budget)] = tuple(overrides)
+    return tuple((name, budget, overrides) for (name, budget), overrides in entries.items())
+
+
+TASK_ENTRY_KEYS = frozenset({"methods", "overrides", "at_budget"})
+"""What a profile may say of a task: any other key is a typo that would leave a setting silently off."""
 
 
 def _task_budgets(task: str, own: list[float] | None, profile_budgets: list[float], profile: str,
@@ -296,6 +315,10 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
         spec = raw.get("tasks", {}).get(task_name)
         if spec is None:
             raise ConfigurationError(f"{path}: profile {profile!r} names task {task_name!r}, which `tasks` lacks")
+        extra = sorted(set(entry) - TASK_ENTRY_KEYS)
+        if extra:
+            raise ConfigurationError(f"{path}: profile {profile!r} task {task_name!r} has unknown keys {extra} (it "
+                                     f"takes {sorted(TASK_ENTRY_KEYS)})")
         unknown = [m for m in entry["methods"] if m not in methods]
         if unknown:
             raise ConfigurationError(f"{path}: task {task_name!r} names unknown methods {unknown}")
@@ -314,8 +337,9 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
             anchors=_anchors(task_name, spec.get("anchors", []), path), cost_only=bool(spec.get("cost_only", False)),
             fixed=_fixed(task_name, spec.get("fixed"), path),
             budgets=own_budgets,
-            at_budget=_at_budget(task_name, entry.get("at_budget"), entry["methods"],
-                                 own_budgets or tuple(float(b) for b in chosen["budgets"]), path),
+            at_budget=_at_budget(task_name, entry.get("at_budget"), {m: methods[m] for m in entry["methods"]},
+                                 own_budgets or tuple(float(b) for b in chosen["budgets"]),
+                                 bool((chosen.get("tuning") or {}).get("each_budget", False)), path),
             reduced=spec.get("reduced"),
             noise_multiplier=None if spec.get("noise_multiplier") is None else float(spec["noise_multiplier"]),
         ))

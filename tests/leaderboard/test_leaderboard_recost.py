@@ -8,7 +8,7 @@ import pytest
 
 from dpbench.leaderboard import build, load_suite
 from dpbench.leaderboard.__main__ import main
-from dpbench.leaderboard.recost import SECTION_TITLE, rewrite
+from dpbench.leaderboard.recost import SECTION_TITLE, _peak_meaning, rewrite
 from dpbench.leaderboard.report import CSV_COLUMNS
 from dpbench.leaderboard.scale import SECTION_TITLE as SCALE_TITLE
 from tests.helpers.leaderboard_suites import TINY
@@ -23,7 +23,8 @@ CHOSEN = [  # (task, variant, method, status, seed, epsilon, lr, clip, s/step, p
     ("vit", "jl_r1", "jl", "refused", 0, "1.0", 1.0, 1.0, "", ""),
 ]
 NOISE = 2.5
-"""The suite cells' calibrated noise multiplier: a total budget's, which the recost runs as it is."""
+"""The suite cells' noise multiplier (results.json's): a total budget's calibration, which --recost runs as it is; a
+per-run profile's cells calibrate their own, as --recost's do."""
 REFUSAL = ("privacy.epsilon=1 at delta=1e-06 is unreachable for this run even with noise multiplier 1000: the suite's "
            "reason")
 BEFORE = "# dpbench leaderboard\n\nThe cells' tables.\n"
@@ -49,9 +50,14 @@ def _docs(tmp_path, chosen=CHOSEN):
     return docs
 
 
-def _argv(tmp_path, docs, tasks):
+TOTAL = TINY.replace("    tuning: {lr_points: 1, clip_points: 1, max_growth: 1, each_budget: false}\n",
+                     "    budget: total\n    tuning: {lr_points: 1, clip_points: 1, max_growth: 1, each_budget: true, "
+                     "trials: 1}\n")
+
+
+def _argv(tmp_path, docs, tasks, suite_text=TINY):
     suite = tmp_path / "suite.yaml"
-    suite.write_text(TINY)
+    suite.write_text(suite_text)
     return ["--suite", str(suite), "--profile", "tiny", "--docs", str(docs), "--root", str(tmp_path / "costs"),
             "--recost", tasks]
 
@@ -80,9 +86,9 @@ def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, mo
         assert row["memory_method"] == results["memory_method"]
         assert row["s_per_step"] == results["step_time_s"]
     dpsgd_results = json.loads((root / rows["dpsgd"]["cell"] / "results.json").read_text())
-    assert dpsgd_results["clip_norm"] == 1.3 and dpsgd_results["noise_multiplier"] == NOISE  # the suite's own cell
-    assert rows["dpsgd"]["recorded"] == {"samples_per_s": (100 / 0.1 + 100 / 0.3) / 2, "s_per_step": 0.2,
-                                         "peak_memory_mb": 450.0}  # medians over the seeds at the costs' budget
+    assert dpsgd_results["clip_norm"] == 1.3 and dpsgd_results["target_epsilon"] == 1.0  # per run, as the suite's
+    assert dpsgd_results["noise_multiplier"] != NOISE
+    assert (rows["dpsgd"]["suite_status"], rows["dpsgd"]["suite_noise_multiplier"]) == ("done", NOISE)
 
     text = (docs / "leaderboard.md").read_text()
     assert text.startswith(BEFORE) and text.endswith(SCALE)
@@ -100,8 +106,7 @@ def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, mo
     assert main([*argv[:-1], "vit"]) == 0
     vit = {row["variant"]: row for row in json.loads((docs / "leaderboard" / "costs" / "vit.json").read_text())["rows"]}
     assert vit["dpsgd"]["status"] == "done" and vit["dpsgd"]["epsilon"] == 8.0
-    assert "eps8" in vit["dpsgd"]["cell"]
-    assert json.loads((root / vit["dpsgd"]["cell"] / "results.json").read_text())["noise_multiplier"] == NOISE
+    assert json.loads((root / vit["dpsgd"]["cell"] / "results.json").read_text())["target_epsilon"] == 8.0
     assert vit["jl_r1"]["status"] == "refused" and vit["jl_r1"]["reason"] == REFUSAL and vit["jl_r1"]["cell"] is None
     assert not (root / "vit" / "jl_r1").exists()
     text = (docs / "leaderboard.md").read_text()
@@ -116,17 +121,19 @@ def test_recost_runs_the_chosen_cells_and_rewrites_only_its_section(tmp_path, mo
     assert again.count(SECTION_TITLE) == 1 and again.endswith(SCALE)
     assert _row(again, "DP-SGD") == _row(text, "DP-SGD") and _row(again, "JL (r=1)") == _row(text, "JL (r=1)")
 
-    # A report built from the recost's own cells (their first seeds: the same choices for the CNN) keeps its record.
+    # A report built from the recost's own cells: their cells.csv names the same points but not the suite cells' noise
+    # (these calibrated their own), so the record, which measured those cells, is listed as stale.
     rebuilt = build(load_suite("tiny", tmp_path / "suite.yaml"), root, docs, "pytest").read_text()
-    cnn_record = again.split(SECTION_TITLE)[1].split("\n### ")[1].split("\n### ")[0]
-    assert cnn_record.startswith("tiny CNN") and "| DP-SGD |" in cnn_record and cnn_record.rstrip() in rebuilt
+    section = rebuilt.split(SECTION_TITLE)[1]
+    assert "| DP-SGD |" not in section and "DP-SGD's cell has another status or noise multiplier" in section
 
 
-def _failed_record(lr=0.7, commit="abc"):
-    return {"task": "cnn", "title": "tiny CNN", "commit": commit, "started": "now", "device": "CPU", "epsilon": 1.0,
-            "launcher": "fork", "rows": [{"variant": "dpsgd", "label": "DP-SGD", "status": "failed", "epsilon": 1.0,
-                                          "lr": lr, "clip_norm": 1.3, "reason": "RuntimeError: a | in it",
-                                          "recorded": {"s_per_step": None, "peak_memory_mb": None}}]}
+def _failed_record(lr=0.7, commit="abc", epsilon=1.0, **suite_cell):
+    """A record whose DP-SGD re-run failed, of the suite's cell (seed 0 at epsilon 1: done, noise NOISE)."""
+    row = {"variant": "dpsgd", "label": "DP-SGD", "status": "failed", "epsilon": 1.0, "lr": lr, "clip_norm": 1.3,
+           "reason": "RuntimeError: a | in it", "suite_status": "done", "suite_noise_multiplier": NOISE, **suite_cell}
+    return {"task": "cnn", "title": "tiny CNN", "commit": commit, "started": "now", "device": "CPU",
+            "epsilon": epsilon, "launcher": "fork", "rows": [row]}
 
 
 def test_the_section_goes_before_the_claims_at_scale_or_at_the_end_and_keeps_what_follows(tmp_path):
@@ -134,11 +141,11 @@ def test_the_section_goes_before_the_claims_at_scale_or_at_the_end_and_keeps_wha
     (docs / "leaderboard" / "costs").mkdir()
     (docs / "leaderboard" / "costs" / "cnn.json").write_text(json.dumps(_failed_record()))
     (docs / "leaderboard.md").write_text(BEFORE + "\n## Other\n\nkept\n")
-    text = rewrite(docs, ["cnn"]).read_text()
+    text = rewrite(docs, ["cnn"], 1.0).read_text()
     assert text.startswith(BEFORE + "\n## Other\n\nkept\n\n" + SECTION_TITLE)
-    assert "| DP-SGD | failed: RuntimeError: a / in it | | | | - | - | - |" in text
+    assert "| DP-SGD | failed: RuntimeError: a / in it | | | | 0.200 | 1.00x | 450 |" in text  # cells.csv's medians
     (docs / "leaderboard.md").write_text(text + "## Later\n\nalso kept\n")
-    assert rewrite(docs, ["cnn"]).read_text() == text + "## Later\n\nalso kept\n"
+    assert rewrite(docs, ["cnn"], 1.0).read_text() == text + "## Later\n\nalso kept\n"
 
 
 def test_a_record_of_an_earlier_choice_or_of_a_task_the_profile_does_not_run_shows_no_figures(tmp_path):
@@ -149,12 +156,47 @@ def test_a_record_of_an_earlier_choice_or_of_a_task_the_profile_does_not_run_sho
     costs.mkdir()
     (costs / "cnn.json").write_text(json.dumps(_failed_record(lr=4.0, commit="old1234")))
     (costs / "lstm.json").write_text(json.dumps({**_failed_record(), "task": "lstm", "title": "BiLSTM"}))
-    text = rewrite(docs, ["cnn", "vit"]).read_text()
+    text = rewrite(docs, ["cnn", "vit"], 1.0).read_text()
     assert "RuntimeError" not in text and "BiLSTM" not in text and "lstm" not in text
     assert ("- `cnn` (commit old1234, now): DP-SGD's chosen learning rate, clip norm or budget changed since; run "
             "`python -m dpbench.leaderboard --recost cnn`") in text
     (costs / "cnn.json").write_text(json.dumps(_failed_record()))
-    assert "RuntimeError" in rewrite(docs, ["cnn", "vit"]).read_text()
+    assert "RuntimeError" in rewrite(docs, ["cnn", "vit"], 1.0).read_text()
+    for record, reason in (
+            (_failed_record(suite_noise_multiplier=1.9), "DP-SGD's cell has another status or noise multiplier"),
+            (_failed_record(suite_status="refused"), "DP-SGD's cell has another status or noise multiplier"),
+            (_failed_record(epsilon=8.0), "it measured the cells at epsilon 8; the report's costs are at 1"),
+            ({**_failed_record(), "rows": [{key: value for key, value in _failed_record()["rows"][0].items()
+                                            if not key.startswith("suite_")}]},
+             "it was measured before records kept the suite cell's noise multiplier and status")):
+        (costs / "cnn.json").write_text(json.dumps(record))
+        text = rewrite(docs, ["cnn", "vit"], 1.0).read_text()
+        assert "RuntimeError" not in text and f"- `cnn` (commit abc, now): {reason}" in text
+
+
+@pytest.mark.parametrize(("methods", "meaning"), [
+    (["working set: malloc's bytes in use"], "peak: the working set, malloc's bytes in use at their peak"),
+    (["cuda.max_memory_reserved"], "peak: CUDA max_memory_reserved"),
+    (["working set: malloc's bytes in use", "cuda.max_memory_reserved"],
+     "peak: measured differently by its runs (each cell's results.json names how)"),
+    ([None], "peak: the resident high-water mark above the process's start"),
+], ids=["CPU", "CUDA", "mixed", "before runs named it"])
+def test_a_record_says_what_its_peak_measured(methods, meaning):
+    record = {"rows": [{"status": "done", "memory_method": method} for method in methods]}
+    assert _peak_meaning(record) == meaning
+
+
+def test_under_a_total_budget_recost_runs_at_the_suites_calibrated_noise(tmp_path, monkeypatch, clean_commit):
+    for key, value in OFFLINE.items():
+        monkeypatch.setenv(key, value)
+    docs, root = _docs(tmp_path, [row for row in CHOSEN if row[:2] == ("cnn", "dpsgd")]), tmp_path / "costs"
+    assert main(_argv(tmp_path, docs, "cnn", TOTAL)) == 0
+    row, = json.loads((docs / "leaderboard" / "costs" / "cnn.json").read_text())["rows"]
+    results = json.loads((root / row["cell"] / "results.json").read_text())
+    assert row["status"] == "done" and results["noise_multiplier"] == NOISE and results["target_epsilon"] is None
+
+    unnoised = _docs(tmp_path / "unnoised", [("cnn", "dpsgd", "dpsgd", "done", 0, "1.0", 0.7, 1.3, "", "")])
+    assert main(_argv(tmp_path, unnoised, "cnn", TOTAL)) == 2  # a total's cell without its sigma is not guessed
 
 
 @pytest.mark.parametrize(("tasks", "chosen", "extra", "message"), [

@@ -3,6 +3,8 @@ budget comes from the profile task's `at_budget` (a per-run selection epsilon pe
 for the cells then spends the selection, the Gaussian noise and the noisy scores together; without it the method is
 refused with the privatizer's reason, never run with an unaccounted selection."""
 
+from dataclasses import asdict
+
 import pytest
 
 from dpbench.core.errors import ConfigurationError
@@ -17,6 +19,7 @@ SUITE = """
 delta: 1.0e-6
 common: [trainer.enable_progress_bar=false, trainer.checkpoint=false, trainer.check_val_every_n_epoch=null]
 methods:
+  nonprivate: {overrides: [privatizer=nonprivate], optimizer: adam, private: false}
   dpadam: {label: DP-Adam, overrides: [privatizer=vanilla], optimizer: adam}
   sparse: {overrides: [privatizer=sparse, privatizer.sparsity=0.01, privatizer.clip2=10.0], optimizer: adam}
 tasks:
@@ -38,15 +41,15 @@ profiles:
     smoke: true
     tasks:
       w2v:
-        methods: [dpadam, sparse]
+        methods: [dpadam, sparse, nonprivate]
 AT_BUDGET
 """
 SELECTION = "        at_budget: {sparse: {3: [privatizer.selection_epsilon=0.2]}}\n"
 
 
-def _suite(tmp_path, at_budget=SELECTION):
+def _suite(tmp_path, at_budget=SELECTION, edit=("", "")):
     path = tmp_path / "suite.yaml"
-    path.write_text(SUITE.replace("AT_BUDGET\n", at_budget))
+    path.write_text(SUITE.replace("AT_BUDGET\n", at_budget).replace(*edit))
     return load_suite("totals", path)
 
 
@@ -62,7 +65,7 @@ def _problem(suite, budget):
 def test_the_budgets_selection_epsilon_reaches_that_budgets_cells_only(tmp_path):
     suite = _suite(tmp_path)
     task = suite.tasks[0]
-    dpadam, sparse = task.methods
+    dpadam, sparse, _ = task.methods
     at = {(method.name, budget): cell_for(suite, task, method, method.variants()[0], "test", budget, 1, None, 0.01,
                                           1.0, 1.0).overrides for method in (dpadam, sparse) for budget in (3.0, 8.0)}
     assert "privatizer.selection_epsilon=0.2" in at["sparse", 3.0]
@@ -90,13 +93,23 @@ def test_the_total_spends_the_selection_with_the_noise_and_without_it_the_method
     assert refused.noise_multiplier is None and "privatizer=sparse needs a selection budget" in refused.reason
 
 
-@pytest.mark.parametrize(("at_budget", "message"), [
-    ("        at_budget: {sparce: {3: [privatizer.selection_epsilon=0.2]}}\n", "names 'sparce', not one of its"),
-    ("        at_budget: {sparse: {1: [privatizer.selection_epsilon=0.2]}}\n", "names budget 1, not one of"),
-], ids=["unknown method", "a budget the task does not run"])
-def test_an_at_budget_naming_what_the_task_does_not_run_is_refused(tmp_path, at_budget, message):
+PER_RUN = ("    budget: total\n    tuning: {lr_points: 2, clip_points: 2, max_growth: 1, each_budget: true, trials: 4, "
+           "score_noise: 10}\n", "    tuning: {lr_points: 2, clip_points: 2, max_growth: 1, each_budget: false}\n")
+
+
+@pytest.mark.parametrize(("at_budget", "edit", "message"), [
+    (SELECTION.replace("sparse", "sparce"), ("", ""), "names 'sparce', not one of its"),
+    ("        at_budget: {sparse: {1: [privatizer.selection_epsilon=0.2]}}\n", ("", ""), "names budget 1, not one of"),
+    ("        at_budget: {nonprivate: {3: [model.init_std=0.5]}}\n", ("", ""), "a non-private method"),
+    ("        at_budget: {sparse: {3: privatizer.selection_epsilon=0.2}}\n", ("", ""), "must be a list of overrides"),
+    ("        at_budget: {sparse: [privatizer.selection_epsilon=0.2]}\n", ("", ""), "must map budgets to lists"),
+    (SELECTION, PER_RUN, "needs tuning.each_budget: true"),
+    (SELECTION.replace("at_budget", "at_budgets"), ("", ""), r"unknown keys \['at_budgets'\]"),
+], ids=["unknown method", "a budget the task does not run", "non-private", "not a list", "not by budget",
+        "trials at one budget", "a misspelt key"])
+def test_an_at_budget_that_would_not_take_effect_as_written_is_refused(tmp_path, at_budget, edit, message):
     with pytest.raises(ConfigurationError, match=message):
-        _suite(tmp_path, at_budget)
+        _suite(tmp_path, at_budget, edit)
 
 
 def test_the_report_names_each_budgets_setting_under_the_tasks_title(tmp_path):
@@ -106,14 +119,18 @@ def test_the_report_names_each_budgets_setting_under_the_tasks_title(tmp_path):
     assert _at_budget_lines(_suite(tmp_path, "").tasks[0]) == []
 
 
-def test_a_cell_recorded_without_its_budgets_setting_is_stale_in_the_report(tmp_path):
-    """The suite re-runs a cell whose overrides the suite file changed; until then the report must not show it."""
+def test_a_cell_recorded_with_other_settings_than_the_suite_file_gives_is_stale_in_the_report(tmp_path):
+    """The suite re-runs a cell whose overrides the suite file changed (cells.recorded); until then the report must
+    not show it: an added setting, a removed one, or one at the wrong budget."""
     suite = _suite(tmp_path)
     task = suite.tasks[0]
     sparse = task.methods[1]
-    cell = cell_for(suite, task, sparse, sparse.variants()[0], "test", 3.0, 1, None, 0.003, 5.0, 1.0)
-    recorded = {"task": "w2v", "variant": "sparse", "epsilon": 3.0, "overrides": cell.overrides}
+    cell = cell_for(suite, task, sparse, sparse.variants()[0], "test", 3.0, 1, None, 0.003, 5.0, 1.9)
+    recorded = {**asdict(cell), "commit": "abc"}  # as cells.run_cell writes cell.json
     assert _planned(suite, recorded)
     without = [item for item in cell.overrides if "selection_epsilon" not in item]
     assert not _planned(suite, {**recorded, "overrides": without})
-    assert _planned(suite, {**recorded, "epsilon": 8.0, "overrides": without})  # 8 names no setting
+    assert not _planned(suite, {**recorded, "overrides": [*cell.overrides, "model.init_std=0.5"]})
+    at_8 = cell_for(suite, task, sparse, sparse.variants()[0], "test", 8.0, 1, None, 0.003, 5.0, 1.9)
+    assert _planned(suite, asdict(at_8)) and "privatizer.selection_epsilon=0.2" not in at_8.overrides
+    assert not _planned(suite, {**asdict(at_8), "overrides": cell.overrides})
