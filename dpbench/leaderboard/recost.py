@@ -148,8 +148,8 @@ def _measure(suite: Suite, task: Task, method: Method, variant: Variant, rows: l
 
 def remeasure(suite: Suite, names: list[str], docs: Path, root: Path, launcher: str = DEFAULT_LAUNCHER,
               parameters: dict[str, Any] | None = None) -> list[Path]:
-    """Run each named task's chosen test cells again (the first seed of each) and write one record per task; returns
-    their paths."""
+    """Run each named task's chosen test cells again (the first finished seed of each) and write one record per task;
+    returns their paths."""
     tasks = {task.name: task for task in suite.tasks}
     unknown = [name for name in names if name not in tasks]
     if unknown:
