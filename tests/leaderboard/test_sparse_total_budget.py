@@ -21,7 +21,7 @@ common: [trainer.enable_progress_bar=false, trainer.checkpoint=false, trainer.ch
 methods:
   nonprivate: {overrides: [privatizer=nonprivate], optimizer: adam, private: false}
   dpadam: {label: DP-Adam, overrides: [privatizer=vanilla], optimizer: adam}
-  sparse: {overrides: [privatizer=sparse, privatizer.sparsity=0.01, privatizer.clip2=10.0], optimizer: adam}
+  sparse: {overrides: [privatizer=sparse, privatizer.sparsity=0.001, privatizer.clip2=10.0], optimizer: adam}
 tasks:
   w2v:
     title: tiny word2vec
