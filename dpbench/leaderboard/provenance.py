@@ -119,16 +119,37 @@ def same_privacy_code(first: str, second: str, repo: Path | None = None) -> bool
     return diff.returncode == 0
 
 
+def privacy_edits(repo: Path | None = None) -> bool:
+    """Whether the checkout's tree has edits in PRIVACY_PATHS that HEAD does not hold (True when git cannot say)."""
+    try:
+        edits = _git(repo or checkout(), "status", "--porcelain", "--untracked-files=normal", "--", *PRIVACY_PATHS)
+    except OSError:
+        return True
+    return edits.returncode != 0 or bool(edits.stdout.strip())
+
+
 @dataclass(frozen=True)
 class CommitCheck:
-    """The cells' commits with their counts, and whether privacy-relevant code may differ among them."""
+    """The cells' commits with their counts, whether privacy-relevant code may differ among them, and whether the
+    checkout writing the report holds the same privacy-relevant code (None: nothing to compare)."""
 
     counts: dict[Provenance, int]
     mixed: bool
+    checkout: Provenance | None = None
+    checkout_same: bool | None = None
 
     def listing(self) -> str:
         """'4949b35a12 (120 cells), unknown commit (3 cells)'."""
         return ", ".join(f"{p.label()} ({n} cell{'s' if n != 1 else ''})" for p, n in self.counts.items())
+
+    def _checkout_text(self) -> str:
+        if self.checkout is None:
+            return ""
+        head = self.checkout.label()
+        if self.checkout_same:
+            return f"; the checkout writing this report ({head}) holds the same privacy-relevant code"
+        return (f"; **the checkout writing this report ({head}) differs from them in privacy-relevant code (or "
+                "cannot compare): these cells do not measure its privacy code**")
 
     def refusal(self, root: Path) -> str:
         return (f"cells under {root} ran at commits whose privacy-relevant code may differ: {self.listing()}; re-run "
@@ -141,7 +162,7 @@ class CommitCheck:
         if not self.mixed:
             same = "" if len(self.counts) == 1 else (", commits that do not differ in privacy-relevant code "
                                                      "(dpbench/leaderboard/provenance.py, PRIVACY_PATHS)")
-            return f"- Provenance: every cell ran on a clean tree at {self.listing()}{same}."
+            return f"- Provenance: every cell ran on a clean tree at {self.listing()}{same}{self._checkout_text()}."
         return (f"- **Mixed commits, allowed by `{ALLOW_FLAG}`**: cells ran at {self.listing()}; privacy-relevant "
                 "code may differ among them (a dirty tree or an unknown commit counts as differing), so cells of one "
                 "table may not share the same privacy code.")
@@ -149,13 +170,18 @@ class CommitCheck:
 
 def check_commits(cells: list[dict[str, Any]], repo: Path | None = None) -> CommitCheck:
     """Group the cells by provenance and decide whether their privacy-relevant code may differ: it may unless every
-    cell ran at a known commit on a clean tree and those commits hold the same PRIVACY_PATHS."""
+    cell ran at a known commit on a clean tree and those commits hold the same PRIVACY_PATHS. Where they hold one
+    code, compare it with the checkout's: a report written by later privacy code does not measure that code."""
     counts = Counter(of_cell(cell) for cell in cells)
     ordered = dict(sorted(counts.items(), key=lambda item: -item[1]))
     clean = [p.commit for p in ordered if p.commit is not None and not p.dirty]
     uncertain = len(clean) < len(ordered)
     mixed = uncertain or any(not same_privacy_code(clean[0], other, repo) for other in clean[1:])
-    return CommitCheck(ordered, mixed)
+    if mixed or not clean:
+        return CommitCheck(ordered, mixed)
+    here = current(repo)
+    same = here.commit is not None and same_privacy_code(clean[0], here.commit, repo) and not privacy_edits(repo)
+    return CommitCheck(ordered, mixed, here, same)
 
 
 def require_one_code(cells: list[dict[str, Any]], root: Path, allow_mixed: bool,

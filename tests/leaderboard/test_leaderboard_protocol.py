@@ -271,6 +271,24 @@ def test_commits_differ_only_where_privacy_relevant_code_does(repo):
     assert check_commits([{"commit": first, "dirty": True}], repo).mixed  # a dirty tree's edits are recorded nowhere
 
 
+def test_the_report_says_whether_the_checkout_writing_it_holds_the_cells_privacy_code(repo):
+    """Cells of one privacy code reported by a checkout whose privacy code moved on do not measure it: said in bold."""
+    first = _git(repo, "rev-parse", "HEAD")
+    cells = [{"commit": first, "dirty": False}]
+    _commit(repo, "README.md", "dpbench, described better\n")
+    check = check_commits(cells, repo)
+    assert check.checkout_same and "holds the same privacy-relevant code" in check.report_line()
+    (repo / "dpbench" / "privacy" / "accountant.py").write_text("EPSILON = 2\n")  # an edit not committed
+    assert not check_commits(cells, repo).checkout_same
+    _git(repo, "add", ".")
+    _git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q", "-m", "accountant")
+    later = check_commits(cells, repo)
+    assert not later.mixed and not later.checkout_same
+    assert "**the checkout writing this report" in later.report_line()
+    assert "differs from them in privacy-relevant code" in later.report_line()
+    assert check_commits([*cells, {"task": "cnn"}], repo).checkout is None  # mixed: no one code to compare
+
+
 def test_a_cell_recorded_before_cells_kept_their_commit_is_an_unknown_commit(repo):
     assert of_cell({"task": "cnn"}) == Provenance(None, True) and of_cell({"task": "cnn"}).label() == "unknown commit"
     head = _git(repo, "rev-parse", "HEAD")
