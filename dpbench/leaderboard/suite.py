@@ -244,7 +244,7 @@ def _at_budget(task: str, raw: Any, methods: dict[str, Method], budgets: tuple[f
     if not each_budget:
         raise ConfigurationError(f"{key} needs tuning.each_budget: true (otherwise every trial runs at one budget "
                                  "and its final runs at another's settings)")
-    entries: dict[tuple[str, float], tuple[str, ...]] = {}
+    entries = []
     for name, by_budget in raw.items():
         if name not in methods:
             raise ConfigurationError(f"{key} names {name!r}, not one of its methods {list(methods)}")
@@ -258,8 +258,8 @@ def _at_budget(task: str, raw: Any, methods: dict[str, Method], budgets: tuple[f
                                          f"{list(budgets)}")
             if not isinstance(overrides, list) or not all(isinstance(item, str) for item in overrides):
                 raise ConfigurationError(f"{key}.{name}.{budget} must be a list of overrides, got {overrides!r}")
-            entries[name, float(budget)] = tuple(overrides)
-    return tuple((name, budget, overrides) for (name, budget), overrides in entries.items())
+            entries.append((name, float(budget), tuple(overrides)))
+    return tuple(entries)
 
 
 TASK_ENTRY_KEYS = frozenset({"methods", "overrides", "at_budget"})
