@@ -80,12 +80,20 @@ def current(repo: Path | None = None) -> Provenance:
     repo = repo or checkout()
     try:
         head = _git(repo, "rev-parse", "HEAD")
-        edits = _git(repo, "status", "--porcelain", "--untracked-files=normal", "--", ":/", ":(exclude,top)docs")
     except OSError:
         return Provenance(None, True)
-    if head.returncode != 0 or edits.returncode != 0:
+    if head.returncode != 0:
         return Provenance(None, True)
-    return Provenance(head.stdout.strip(), bool(edits.stdout.strip()))
+    return Provenance(head.stdout.strip(), _edited(repo, ":/", ":(exclude,top)docs"))
+
+
+def _edited(repo: Path, *paths: str) -> bool:
+    """Whether the tree differs from HEAD under `paths`, untracked files included (True when git cannot say)."""
+    try:
+        edits = _git(repo, "status", "--porcelain", "--untracked-files=normal", "--", *paths)
+    except OSError:
+        return True
+    return edits.returncode != 0 or bool(edits.stdout.strip())
 
 
 @cache
@@ -117,15 +125,6 @@ def same_privacy_code(first: str, second: str, repo: Path | None = None) -> bool
     except OSError:
         return False
     return diff.returncode == 0
-
-
-def privacy_edits(repo: Path | None = None) -> bool:
-    """Whether the checkout's tree has edits in PRIVACY_PATHS that HEAD does not hold (True when git cannot say)."""
-    try:
-        edits = _git(repo or checkout(), "status", "--porcelain", "--untracked-files=normal", "--", *PRIVACY_PATHS)
-    except OSError:
-        return True
-    return edits.returncode != 0 or bool(edits.stdout.strip())
 
 
 @dataclass(frozen=True)
@@ -180,7 +179,8 @@ def check_commits(cells: list[dict[str, Any]], repo: Path | None = None) -> Comm
     if mixed or not clean:
         return CommitCheck(ordered, mixed)
     here = current(repo)
-    same = here.commit is not None and same_privacy_code(clean[0], here.commit, repo) and not privacy_edits(repo)
+    same = here.commit is not None and same_privacy_code(clean[0], here.commit, repo) \
+        and not _edited(repo or checkout(), *PRIVACY_PATHS)
     return CommitCheck(ordered, mixed, here, same)
 
 

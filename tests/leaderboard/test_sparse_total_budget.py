@@ -9,9 +9,12 @@ import pytest
 
 from dpbench.core.errors import ConfigurationError
 from dpbench.leaderboard import load_suite
+from dpbench.leaderboard.cells import read_outcome, run_cell
 from dpbench.leaderboard.report import _at_budget_lines, _planned
 from dpbench.leaderboard.total_budget import TotalBudget, calibrate_budget, composition_for, procedure_of
 from dpbench.leaderboard.trial_cells import cell_for, trial_cell
+from dpbench.privacy.accounting import epsilon
+from dpbench.privacy.mechanisms import SubsampledGaussian
 from dpbench.privacy.procedure import Procedure, procedure_epsilon
 from dpbench.privacy.sparse_step_accounting import SubsampledSelectionGaussian
 
@@ -134,3 +137,23 @@ def test_a_cell_recorded_with_other_settings_than_the_suite_file_gives_is_stale_
     at_8 = cell_for(suite, task, sparse, sparse.variants()[0], "test", 8.0, 1, None, 0.003, 5.0, 1.9)
     assert _planned(suite, asdict(at_8)) and "privatizer.selection_epsilon=0.2" not in at_8.overrides
     assert not _planned(suite, {**asdict(at_8), "overrides": cell.overrides})
+
+
+def test_a_sparse_cell_run_through_the_cli_accounts_the_selection_its_total_was_calibrated_for(tmp_path, monkeypatch,
+                                                                                                clean_commit):
+    """The cell's own run (the suite's launcher: a `python -m dpbench` process) spends what the total's plan of that
+    cell composed, selection included: its ledger's epsilon is the planned run's, above the noise's alone."""
+    for key, value in {"WANDB_MODE": "disabled", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
+        monkeypatch.setenv(key, value)
+    suite = _suite(tmp_path)
+    task = suite.tasks[0]
+    sparse = task.methods[1]
+    cell = cell_for(suite, task, sparse, sparse.variants()[0], "test", 3.0, 1, None, 0.003, 5.0, 2.0)
+    assert run_cell(cell, tmp_path / "cells") == "done"
+    results = read_outcome(cell.directory(tmp_path / "cells")).results
+    planned, _ = composition_for(cell.overrides)
+    (mechanism, steps), = planned(2.0)
+    assert results["steps"] == steps and results["noise_multiplier"] == 2.0
+    assert results["epsilon_estimate"] == pytest.approx(epsilon(planned(2.0), task.delta).epsilon_estimate, rel=0.02)
+    noise_only = [(SubsampledGaussian(mechanism.sampling_rate, 2.0), steps)]
+    assert results["epsilon_estimate"] > 1.02 * epsilon(noise_only, task.delta).epsilon_estimate
