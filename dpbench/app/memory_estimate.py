@@ -29,6 +29,9 @@ log = logging.getLogger(__name__)
 MB = 2**20
 FITS = 0.9
 """The share of the free memory an estimate may fill: the rest is the allocator's slack and what is not counted."""
+ADVICE_HEADROOM = 0.95
+"""The share of that budget an advised batch fills: the process that follows the advice finds a few MB more or less
+free than the one that gave it, and must not be refused at the boundary."""
 
 
 @dataclass(frozen=True)
@@ -125,13 +128,13 @@ def check_fits(estimate: MemoryEstimate, batch_size: int) -> None:
     advice = []
     training_per_sample = ((estimate.per_sample_mb + (estimate.activations_mb or 0.0)) / estimate.micro_batch)
     if estimate.training_mb is not None and estimate.training_mb > budget and training_per_sample > 0:
-        fitting = int((budget - fixed) / training_per_sample)
+        fitting = int(ADVICE_HEADROOM * (budget - fixed) / training_per_sample)
         advice.append(f"physical_batch_size={fitting} (micro-batches: the logical batch_size={batch_size}, hence the "
                       "privacy, stays)" if fitting >= 1 else
                       "a smaller model (its weights, gradients and optimizer state alone do not fit)")
     evaluation_per_sample = (estimate.evaluation_mb or 0.0) / estimate.eval_batch
     if estimate.weights_mb + estimate.optimizer_mb + (estimate.evaluation_mb or 0.0) > budget and evaluation_per_sample:
-        fitting = int((budget - estimate.weights_mb - estimate.optimizer_mb) / evaluation_per_sample)
+        fitting = int(ADVICE_HEADROOM * (budget - estimate.weights_mb - estimate.optimizer_mb) / evaluation_per_sample)
         advice.append(f"eval_batch_size={max(1, fitting)}")
     raise ConfigurationError(
         f"this run needs {estimate.describe().removeprefix('memory: ')}, more than {FITS:.0%} of the free memory: set "
