@@ -1,19 +1,29 @@
 """Each paper's headline claim checked against the measured table, one sentence each, with the numbers.
 
-Every comparison is paired over seeds against the task's best vanilla private method at that budget (DP-SGD or
-DP-Adam, whichever its selection runs rank higher; compare.py), and each verdict is one of "holds", "does not hold"
-or "not distinguishable at this budget", decided by the judge the report passes: over the whole family of the
-report's claims, Holm-corrected (family.py). "Close" accuracy is a non-inferiority margin of 2 points (the
-difference's test against -2 points). These tables judge utility only: a method's memory and time are shown beside
-its verdict but judged in the "Claims at scale" section (scale.py), at the paper's scale and against the paper's
-baseline, never on a small model's CPU peaks. Where the task names the accuracy of a constant prediction (its
-`chance`), nothing is judged or crowned unless it beats that by a point: two methods that both learned nothing are
-not "close". Each sentence names the task's scale (its title) and the device the runs used.
+Every comparison is paired over seeds against the paper's baseline at that budget: the vanilla method with the
+claimed method's optimizer (compare.paper_baseline; the best vanilla method, said so, where the task runs no such
+baseline). Each verdict is one of "holds", "does not hold" or "not distinguishable at this budget", decided by the
+judge the report passes: over the whole family of the report's claims, Holm-corrected (family.py). "Close" accuracy
+is a non-inferiority margin of 2 points (the difference's test against -2 points); a loss has no margin, so its
+"close" is "no worse". These tables judge utility only: a method's memory and time are shown beside its verdict but
+judged in the "Claims at scale" section (scale.py), at the paper's scale and against the paper's baseline, never on
+a small model's CPU peaks. Where the task names what a constant prediction scores (its `chance`: the majority
+class's accuracy, or a loss task's best constant-score loss), nothing is judged or crowned unless it beats that (an
+accuracy by a point): two methods that both learned nothing are not "close", nor is one of them "better". Each
+sentence names the task's scale (its title) and the device the runs used.
 """
 
 from __future__ import annotations
 
-from dpbench.leaderboard.compare import FAILS, HOLDS, UNCLEAR, best_baseline, best_of, chosen_on_selection
+from dpbench.leaderboard.compare import (
+    FAILS,
+    HOLDS,
+    UNCLEAR,
+    best_baseline,
+    best_of,
+    chosen_on_selection,
+    paper_baseline,
+)
 from dpbench.leaderboard.family import Judge, Test, better_test, close_test
 from dpbench.leaderboard.summary import ABOVE_CHANCE, Entry
 
@@ -55,14 +65,25 @@ def _find(entries: list[Entry], family: str, epsilon: float | None) -> Entry | N
 
 
 def learned(entry: Entry, chance: float | None) -> bool:
-    """Whether the entry's mean beats a constant prediction (always true where the task names no chance level)."""
-    return chance is None or entry.mean is None or entry.metric != "accuracy" or entry.mean > chance + ABOVE_CHANCE
+    """Whether the entry's mean beats a constant prediction: an accuracy by ABOVE_CHANCE, a loss by being below it
+    (always true where the task names no chance level)."""
+    if chance is None or entry.mean is None:
+        return True
+    if entry.metric == "loss":
+        return entry.mean < chance
+    return entry.metric != "accuracy" or entry.mean > chance + ABOVE_CHANCE
 
 
 def _at_chance(claim: str, task: str, compared: list[Entry], chance: float) -> str:
-    means = ", ".join(f"{e.label} {fmt_value(e.mean, 'accuracy')}" for e in compared)
+    metric = compared[0].metric
+    means = ", ".join(f"{e.label} {fmt_value(e.mean, e.metric)}" for e in compared)
     return (f"{claim}, {task}: cannot be judged here, no method compared beats a constant prediction's "
-            f"{fmt_value(chance, 'accuracy')} ({means}).")
+            f"{fmt_value(chance, metric)} ({means}).")
+
+
+def _against(base: Entry, paper: bool) -> str:
+    """How a claim's sentence names its baseline: the paper's own, or the stand-in where the task runs no such one."""
+    return base.label if paper else f"{base.label} (no vanilla method with this method's optimizer runs here)"
 
 
 def _verdict(verdict: str) -> str:
@@ -92,7 +113,7 @@ def winners(entries: list[Entry], budgets: tuple[float, ...], chance: float | No
         best = best_of(measured)
         if not learned(best, chance):
             lines.append(f"epsilon {epsilon:g}: none, no private method beats a constant prediction "
-                         f"({fmt_value(chance, 'accuracy')}; best {best.label} {fmt_value(best.mean, best.metric)})")
+                         f"({fmt_value(chance, best.metric)}; best {best.label} {fmt_value(best.mean, best.metric)})")
             continue
         basis = "" if chosen_on_selection(measured) else " (chosen on the evaluation seeds: no selection score)"
         base = best_baseline(entries, epsilon)
@@ -101,20 +122,21 @@ def winners(entries: list[Entry], budgets: tuple[float, ...], chance: float | No
             against = " (vanilla itself)"
         elif base is not None:
             test = better_test(best, base)
-            against = (f", {_compared(test, judge)} over {base.label} ({fmt_entry(base)}): better "
+            against = (f", {_compared(test, judge)} over {base.label} ({fmt_entry(base)}): better: "
                        f"{_verdict(judge.verdict(test))}" if test else f"; no seed in common with {base.label}")
         lines.append(f"epsilon {epsilon:g}: **{best.label}** {fmt_entry(best)}{basis}{against}")
     return lines
 
 
 def _jl(task: str, entries: list[Entry], epsilon: float, chance: float | None, judge: Judge) -> str | None:
-    """Every measured rung against the best baseline: the claim's utility half holds if one rung is close
-    (non-inferior); its time per step is shown, and judged at scale."""
+    """Every measured rung against the paper's baseline (DP-SGD, exact norms with JL's optimizer): each rung's
+    verdict is its own, and the sentence names the rungs that hold (the claim's time half is judged at scale, where
+    the rung measured is named too)."""
     rungs = [e for e in entries if e.family == "jl" and e.epsilon == epsilon]
     if not rungs:
         return None
-    base = best_baseline(entries, epsilon)
     measured = [e for e in rungs if e.mean is not None]
+    base, paper = paper_baseline(entries, measured[0]) if measured else (None, False)
     refused = [e.label for e in rungs if e.refused]
     if not measured:
         return (f"JL, {task}, epsilon {epsilon:g}: cannot be checked, every rung tried was refused "
@@ -133,63 +155,68 @@ def _jl(task: str, entries: list[Entry], epsilon: float, chance: float | None, j
         verdicts.append(judge.verdict(test))
         parts.append(f"{jl.label} {fmt_entry(jl)} ({_compared(test, judge)}) at {ratio:.2f}x its time per step")
     verdict = HOLDS if HOLDS in verdicts else UNCLEAR if UNCLEAR in verdicts else FAILS
+    holding = [jl.label for jl, v in zip(timed, verdicts, strict=True) if v == HOLDS]
     untimed = [e.label for e in measured if e not in timed]
     note = (f" (smaller r refused: {', '.join(refused)})" if refused else "") + (
         f" (no timings: {', '.join(untimed)})" if untimed else "")
+    where = f" for {', '.join(holding)} only" if holding and len(holding) < len(timed) else ""
     return (f"JL (norms from r projections: accuracy close to exact clipping; its time is judged in Claims at "
-            f"scale), {task}, epsilon {epsilon:g}, against {base.label} {fmt_entry(base)}{note}: {'; '.join(parts)}: "
-            f"{_verdict(verdict)}.")
+            f"scale), {task}, epsilon {epsilon:g}, against {_against(base, paper)} {fmt_entry(base)}{note}: "
+            f"{'; '.join(parts)}: {_verdict(verdict)}{where}.")
 
 
 def _grape(task: str, entries: list[Entry], epsilon: float, chance: float | None, judge: Judge) -> str | None:
-    grape, base = _find(entries, "grape", epsilon), best_baseline(entries, epsilon)
-    if grape is None or base is None or not grape.peak_mb or not base.peak_mb:
+    grape = _find(entries, "grape", epsilon)
+    if grape is None:
+        return None
+    base, paper = paper_baseline(entries, grape)
+    if base is None or not grape.peak_mb or not base.peak_mb:
         return None
     if not learned(base, chance) and not learned(grape, chance):
         return _at_chance(f"GRAPE, epsilon {epsilon:g}", task, [grape, base], chance)
     test = close_test(grape, base, _tolerance(base.metric))
     ratio = grape.cost("peak_mb") / base.cost("peak_mb")
     return (f"GRAPE (DP-Adam accuracy; memory and speed are judged in Claims at scale), {task}, epsilon {epsilon:g}: "
-            f"{fmt_entry(grape)} vs {base.label} {fmt_entry(base)} ({_compared(test, judge)}) at "
+            f"{fmt_entry(grape)} vs {_against(base, paper)} {fmt_entry(base)} ({_compared(test, judge)}) at "
             f"{ratio:.2f}x its peak memory ({grape.cost('peak_mb'):.0f} vs {base.cost('peak_mb'):.0f} MB): "
             f"{_verdict(judge.verdict(test))}.")
 
 
 def _d2p2(task: str, entries: list[Entry], budgets: tuple[float, ...], chance: float | None,
           judge: Judge) -> str | None:
-    """Judged at the smallest budget where something learned ("especially at small epsilon"); each budget shown."""
-    pairs = [(eps, _find(entries, "d2p2", eps), best_baseline(entries, eps)) for eps in budgets]
-    pairs = [(eps, d, b) for eps, d, b in pairs if d is not None and b is not None]
+    """Judged at every budget where something learned, each budget's verdict stated ("especially at small epsilon"
+    is read from them, not summarised into one)."""
+    found = [(eps, _find(entries, "d2p2", eps)) for eps in budgets]
+    pairs = [(eps, d, *paper_baseline(entries, d)) for eps, d in found if d is not None]
+    pairs = [(eps, d, b, paper) for eps, d, b, paper in pairs if b is not None]
     if not pairs:
         return None
-    learning = [(eps, d, b) for eps, d, b in pairs if learned(b, chance) or learned(d, chance)]
+    learning = [(eps, d, b, paper) for eps, d, b, paper in pairs if learned(b, chance) or learned(d, chance)]
     if not learning:
         return _at_chance("D2P2", task, [pairs[-1][1], pairs[-1][2]], chance)
     parts, verdicts = [], []
-    for eps, d2p2, base in learning:
+    for eps, d2p2, base, paper in learning:
         test = better_test(d2p2, base)
         verdict = judge.verdict(test)
-        verdicts.append(verdict)
-        parts.append(f"epsilon {eps:g}: {fmt_entry(d2p2)} vs {base.label} {fmt_entry(base)} "
+        verdicts.append(f"{_verdict(verdict).replace(' at this budget', '')} at epsilon {eps:g}")
+        parts.append(f"epsilon {eps:g}: {fmt_entry(d2p2)} vs {_against(base, paper)} {fmt_entry(base)} "
                      f"({_compared(test, judge)}, {verdict})")
-    return (f"D2P2 (better than DP-SGD, especially at small epsilon), {task}: {pairs[0][1].label} against the best "
-            f"vanilla method at {'; '.join(parts)}: {_at_smallest(verdicts[0])} at the smallest budget.")
-
-
-def _at_smallest(verdict: str) -> str:
-    """The verdict as it reads before "at the smallest budget" (UNCLEAR's own wording already names a budget)."""
-    return "not distinguishable" if verdict == UNCLEAR else _verdict(verdict)
+    return (f"D2P2 (better than DP-SGD, especially at small epsilon), {task}: {pairs[0][1].label} at "
+            f"{'; '.join(parts)}: {'; '.join(verdicts)}.")
 
 
 def _sparse(task: str, entries: list[Entry], epsilon: float, chance: float | None, judge: Judge) -> str | None:
-    sparse, base = _find(entries, "sparse", epsilon), best_baseline(entries, epsilon)
-    if sparse is None or base is None:
+    sparse = _find(entries, "sparse", epsilon)
+    if sparse is None:
+        return None
+    base, paper = paper_baseline(entries, sparse)
+    if base is None:
         return None
     if not learned(base, chance) and not learned(sparse, chance):
         return _at_chance(f"sparse, epsilon {epsilon:g}", task, [sparse, base], chance)
     test = better_test(sparse, base)
-    return (f"sparse (lower word2vec loss than DP-SGD), {task}, epsilon {epsilon:g}: {sparse.label}, test "
-            f"{sparse.metric} {fmt_entry(sparse)} vs {base.label} {fmt_entry(base)} "
+    return (f"sparse (lower word2vec loss than dense DP training), {task}, epsilon {epsilon:g}: {sparse.label}, "
+            f"test {sparse.metric} {fmt_entry(sparse)} vs {_against(base, paper)} {fmt_entry(base)} "
             f"({_compared(test, judge)}): {_verdict(judge.verdict(test))}.")
 
 

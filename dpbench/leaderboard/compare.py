@@ -1,13 +1,18 @@
 """Paired comparisons over seeds, their tests, and how a best method is chosen apart from the seeds that test it.
 
-Two methods run with the same seeds share their data order and initialisation draws, so a comparison pairs them
-seed by seed: the mean difference, its Student-t 95% interval, and the paired t test of a claim's line (0 for
+Two methods run with the same seed share that seed's initialisation, dropout and validation split; their Poisson
+batches and noise come from a fresh secret root per run (dpbench.privacy.randomness), so they do not share those. A
+comparison still pairs them seed by seed (the paired t test is valid either way; it removes only the spread the seed
+itself causes): the mean difference, its Student-t 95% interval, and the paired t test of a claim's line (0 for
 "better", minus a margin for "close"). The verdicts themselves are decided over the whole family of claims the
 report makes (family.py), never one comparison at a time.
 
-The best method at a budget, and the vanilla baseline each claim is judged against, are chosen on the selection
-runs (the validation value of each method's chosen tuning trial), not on the evaluation seeds: picking the best of
-several methods on the seeds that then test it would favour whichever one those seeds happened to flatter.
+A paper's claim is judged against its paper's baseline, fixed before any result is read: the vanilla method with the
+claimed method's optimizer (DP-SGD for JL and D2P2, DP-Adam for GRAPE and sparse), so that the comparison isolates
+the method and not the optimizer. The best method at a budget, and the vanilla method it is compared with, are
+chosen on the selection runs (the validation value of each method's chosen tuning trial), not on the evaluation
+seeds: picking the best of several methods on the seeds that then test it would favour whichever one those seeds
+happened to flatter.
 """
 
 from __future__ import annotations
@@ -36,7 +41,8 @@ class Paired:
     differences: tuple[float, ...] = ()
 
     def text(self) -> str:
-        """'+1.2 points [-0.3, +2.7] over 3 paired seeds' (accuracy), or a loss's own difference (lower is better)."""
+        """'+1.2 points [-0.3, +2.7] over 3 paired seeds' (accuracy), or a loss's own difference (lower is better:
+        '-1.000 in loss [...]')."""
         body = self.amount(self.difference)
         if self.interval is None:
             return f"{body} (one seed: no interval)"
@@ -44,8 +50,9 @@ class Paired:
         return f"{body} [{self._number(low)}, {self._number(high)}] over {self.seeds} paired seeds"
 
     def amount(self, difference: float) -> str:
-        """A signed difference in the metric's own direction and units: '-2.0 points', or a loss's '+0.100'."""
-        return self._number(self._sign * difference) + (" points" if self.metric == "accuracy" else "")
+        """A signed difference in the metric's own direction and units: '-2.0 points', or a loss's '+0.100 in loss'
+        (higher: worse), so that a '+' is never read as better on a loss."""
+        return self._number(self._sign * difference) + (" points" if self.metric == "accuracy" else " in loss")
 
     @property
     def _sign(self) -> float:
@@ -94,3 +101,11 @@ def best_baseline(entries: list[Entry], epsilon: float | None) -> Entry | None:
     """The task's best vanilla private method at that budget (DP-SGD or DP-Adam: best_of)."""
     found = [e for e in entries if e.method in BASELINES and e.epsilon == epsilon and e.mean is not None]
     return best_of(found) if found else None
+
+
+def paper_baseline(entries: list[Entry], method: Entry) -> tuple[Entry | None, bool]:
+    """The vanilla method at `method`'s budget with its optimizer, and True; where the task runs no such method (or
+    the optimizer is not known), the best vanilla method and False, which the claim's sentence says."""
+    same = [e for e in entries if e.method in BASELINES and e.epsilon == method.epsilon and e.mean is not None
+            and method.optimizer is not None and e.optimizer == method.optimizer]
+    return (same[0], True) if same else (best_baseline(entries, method.epsilon), False)

@@ -80,7 +80,7 @@ def _near_chance(entry: Entry, chance: float | None) -> bool:
 
 def _view(axes, entries: list[Entry], metric: str | None, chance: float | None, extra: list[float]) -> None:
     """The y view of the private runs above chance (every run where none is), the ceilings and `extra` levels, with
-    the chance or initial-loss line (dpbench.report.style.y_view's rule)."""
+    the chance or constant-prediction line (dpbench.report.style.y_view's rule)."""
     shown = [e for e in entries if e.mean is not None]
     learning = [e for e in shown if e.epsilon is not None and not _near_chance(e, chance)]
     kept = [e for e in shown if e.epsilon is None] + learning if learning else shown
@@ -93,8 +93,8 @@ def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: b
                  published: list[Published] | None = None, chance: float | None = None, total: bool = False) -> bool:
     """Mean and 95% interval over seeds against epsilon, one line per variant; non-private as a dashed line; the
     papers' figures that the task reproduces as wide dashes at their level (every filled marker is a method's); the
-    task's chance accuracy or initial loss as a black dashed line, and a run at that level far below the rest as an
-    open marker on the axis edge."""
+    task's chance accuracy or constant prediction's loss as a black dashed line, and a run at that level far below
+    the rest as an open marker on the axis edge."""
     lines: dict[str, list[Entry]] = defaultdict(list)
     metric = None
     for entry in entries:

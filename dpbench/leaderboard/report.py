@@ -28,6 +28,7 @@ from dpbench.leaderboard.claims import (
     winners,
 )
 from dpbench.leaderboard.compare import best_baseline, best_of, chosen_on_selection
+from dpbench.leaderboard.earlier_rounds import with_earlier_round
 from dpbench.leaderboard.family import ALPHA, Family, Judge, better_test, judge_all
 from dpbench.leaderboard.grid import STEP_BRACKETED, TIE_RULE, best_trial, optimum_status
 from dpbench.leaderboard.plots import cost_plot, epsilon_plot, headline_plot
@@ -198,7 +199,8 @@ def _cell_text(task: Task, entry: Entry | None, notes: list[str], selections: Se
         text = fmt_entry(entry)
         point = f"lr {entry.lr:.3g}" + ("" if entry.clip_norm is None else f", clip {entry.clip_norm:.3g}")
         selection = selections.get((task.name, entry.variant, suite.tuning_budget(entry.epsilon)))
-        text += f" ({point}{_tuning_text(selection)}{_anchor_text(task, entry)})" + _diverged_text(task, entry)
+        text += (f" ({point}{_tuning_text(selection)}{_earlier_text(task, entry, selection)}"
+                 f"{_anchor_text(task, entry)})" + _diverged_text(task, entry))
         if entry.failed or entry.pending:
             text += f" ({counted(len(entry.values), 'seed')}; {len(entry.failed)} failed, {entry.pending} pending)"
         return text
@@ -207,6 +209,16 @@ def _cell_text(task: Task, entry: Entry | None, notes: list[str], selections: Se
     if entry.non_finite:
         return f"diverged: {len(entry.non_finite)}/{entry.finished} seeds ended without a finite value"
     return "pending"
+
+
+def _earlier_text(task: Task, entry: Entry, selection: Selection | TotalBudget | None) -> str:
+    """'; at most 1.46 with the discarded first round (9 trials, up to 5 final runs)' where the profile records one
+    before this cell (Task.earlier_rounds), else ''."""
+    trials = task.earlier_trials(entry.variant, entry.epsilon)
+    if not trials or not isinstance(selection, TotalBudget) or selection.total is None:
+        return ""
+    return (f"; **at most {with_earlier_round(selection, trials):.2f} with the discarded first round** "
+            f"({counted(trials, 'trial')}, up to {counted(selection.finals, 'final run')})")
 
 
 def _diverged_text(task: Task, entry: Entry) -> str:
@@ -281,7 +293,8 @@ def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite:
         if method is None:
             continue
         finished = [(lr, clip, value) for lr, clip, value, _ in record.trials if value is not None]
-        trials_per_method[record.label] = trials_per_method.get(record.label, 0) + len(record.trials)
+        earlier = task.earlier_trials(record.variant, record.epsilon)
+        trials_per_method[record.label] = trials_per_method.get(record.label, 0) + len(record.trials) + earlier
         where = "" if record.epsilon is None else f", epsilon {record.epsilon:g}"
         selection = selections.get((task.name, record.variant, record.epsilon))
         if isinstance(selection, Selection):  # its trials and their number are not released: only the winner is
@@ -314,10 +327,12 @@ def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite:
             f"lr x clip times the mean clipped direction, its noise of the same scale, so an edge of lr or clip alone "
             f"need not limit the step's size; it can still limit the split between them)") if bracketed else ""
     counts = ", ".join(f"{label} {n}" for label, n in trials_per_method.items())
+    discarded = (" (discarded earlier rounds included: each cell they preceded shows its total with them)"
+                 if task.earlier_rounds else "")
     return [f"Tuning (validation {metric or 'metric'}, seed {suite.tuning_seed}): {len(statuses)} searches, {first} "
             f"with the optimum interior on the first range, {grown} interior after growing it, {edge} on the edge at "
-            f"the search's limit{step}; ties between trials go to {TIE_RULE}. Trials per method, all budgets: "
-            f"{counts}.", "", *lines, ""]
+            f"the search's limit{step}; ties between trials go to {TIE_RULE}. Trials per method, all budgets"
+            f"{discarded}: {counts}.", "", *lines, ""]
 
 
 def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]], judge: Judge) -> list[str]:
@@ -588,7 +603,11 @@ def _fairness(suite: Suite) -> str:
             "carved from the training data, "
             + ("at each budget; " if tuning.each_budget else f"at epsilon {suite.tune_epsilon:g}, the choice reused "
                "at every budget; ")
-            + f"{choice}, ties broken by {TIE_RULE}. Evaluation seeds {', '.join(map(str, suite.seeds))} (none of "
+            + f"{choice}, ties broken by {TIE_RULE}"
+            + ("; where a task's range moved mid-run, the methods it moved for ran a discarded earlier round, which "
+               "its note names and each such cell's total counts beside it (those methods had more trials than the "
+               "others)" if any(task.earlier_rounds for task in suite.tasks) else "")
+            + f". Evaluation seeds {', '.join(map(str, suite.seeds))} (none of "
             "them a selection seed) then train on the whole training set at the chosen point (the same epochs, so "
             "more steps than a trial: the point is chosen at the trials' length) and are evaluated on the test split: "
             "mean [95% Student-t interval] over seeds. Each rung of a ladder (JL's r) is tuned on its "

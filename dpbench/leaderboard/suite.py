@@ -68,8 +68,8 @@ class Task:
     note: str | None = None
     """Printed under the task's title in the report: what a reader must know to read its table."""
     chance: float | None = None
-    """The test accuracy of a constant prediction (the majority class): no claim is judged nor winner named below
-    it."""
+    """What a constant prediction scores on the test split: the majority class's accuracy, or a loss task's best
+    constant-score loss. No claim is judged nor winner named where nothing beats it."""
     anchors: tuple[Anchor, ...] = ()
     """Published figures this task reproduces, shown beside the cell that reproduces each."""
     cost_only: bool = False
@@ -88,6 +88,15 @@ class Task:
     """(method, budget, overrides) added to that method's cells at that budget: a setting that depends on the budget,
     e.g. sparse's per-run selection epsilon where a profile's budget is a total and no run has an epsilon of its
     own to take a share of."""
+
+    earlier_rounds: tuple[tuple[str, float, int], ...] = ()
+    """(variant, budget, trials) of a tuning round run on this data and discarded (a range moved mid-run): its
+    spend is in no cell's total, so the report adds it beside the total of each cell it preceded."""
+
+    def earlier_trials(self, variant: str, epsilon: float | None) -> int:
+        """The trials of the discarded round that preceded `variant`'s cells at `epsilon` (0: none)."""
+        return next((trials for name, budget, trials in self.earlier_rounds
+                     if name == variant and budget == epsilon), 0)
 
     def budget_overrides(self, method: Method, epsilon: float | None) -> tuple[str, ...]:
         """The overrides at_budget gives `method`'s cells at `epsilon` (none for another budget or method)."""
@@ -262,7 +271,33 @@ def _at_budget(task: str, raw: Any, methods: dict[str, Method], budgets: tuple[f
     return tuple(entries)
 
 
-TASK_ENTRY_KEYS = frozenset({"methods", "overrides", "at_budget"})
+def _earlier_rounds(task: str, raw: Any, methods: list[Method], budgets: tuple[float, ...],
+                    where: Path) -> tuple[tuple[str, float, int], ...]:
+    """A profile task entry's `earlier_rounds: {variant: {budget: trials}}`, refused for a variant or budget the task
+    does not run privately, or a count of trials that is not a positive integer."""
+    if raw is None:
+        return ()
+    key = f"{where}: tasks.{task}.earlier_rounds"
+    variants = [v.name for m in methods if m.private for v in m.variants()]
+    if not isinstance(raw, dict):
+        raise ConfigurationError(f"{key} must map variants to {{budget: trials}}, got {raw!r}")
+    entries = []
+    for name, by_budget in raw.items():
+        if name not in variants:
+            raise ConfigurationError(f"{key} names {name!r}, not one of its private variants {variants}")
+        if not isinstance(by_budget, dict):
+            raise ConfigurationError(f"{key}.{name} must map budgets to trial counts, got {by_budget!r}")
+        for budget, trials in by_budget.items():
+            if float(budget) not in budgets:
+                raise ConfigurationError(f"{key}.{name} names budget {budget}, not one of the task's budgets "
+                                         f"{list(budgets)}")
+            if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
+                raise ConfigurationError(f"{key}.{name}.{budget} must be a positive number of trials, got {trials!r}")
+            entries.append((name, float(budget), trials))
+    return tuple(entries)
+
+
+TASK_ENTRY_KEYS = frozenset({"methods", "overrides", "at_budget", "earlier_rounds"})
 """What a profile may say of a task: any other key is a typo that would leave a setting silently off."""
 
 
@@ -279,10 +314,15 @@ def _task_budgets(task: str, own: list[float] | None, profile_budgets: list[floa
     return kept
 
 
-def privatizer_of(overrides: list[str] | tuple[str, ...]) -> str | None:
-    """The privatizer a method's or cell's overrides choose (the last one wins, as in Hydra)."""
-    chosen = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0].lstrip("+") == "privatizer"]
+def chosen_in(overrides: list[str] | tuple[str, ...], group: str) -> str | None:
+    """The option of a config group (privatizer, optimizer) a method's or cell's overrides choose (the last one wins,
+    as in Hydra)."""
+    chosen = [item.split("=", 1)[1] for item in overrides if item.split("=", 1)[0].lstrip("+") == group]
     return chosen[-1] if chosen else None
+
+
+def privatizer_of(overrides: list[str] | tuple[str, ...]) -> str | None:
+    return chosen_in(overrides, "privatizer")
 
 
 def _labelled(method: Method, task_optimizer: str) -> Method:
@@ -323,6 +363,8 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
         if unknown:
             raise ConfigurationError(f"{path}: task {task_name!r} names unknown methods {unknown}")
         own_budgets = _task_budgets(task_name, spec.get("budgets"), chosen["budgets"], profile, path)
+        runs_at = own_budgets or tuple(float(b) for b in chosen["budgets"])
+        listed = [methods[m] for m in entry["methods"]]
         tasks.append(Task(
             name=task_name, title=str(spec.get("title", task_name)),
             overrides=(*spec.get("overrides", []), *entry.get("overrides", [])),
@@ -337,9 +379,9 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
             anchors=_anchors(task_name, spec.get("anchors", []), path), cost_only=bool(spec.get("cost_only", False)),
             fixed=_fixed(task_name, spec.get("fixed"), path),
             budgets=own_budgets,
-            at_budget=_at_budget(task_name, entry.get("at_budget"), {m: methods[m] for m in entry["methods"]},
-                                 own_budgets or tuple(float(b) for b in chosen["budgets"]),
+            at_budget=_at_budget(task_name, entry.get("at_budget"), {m.name: m for m in listed}, runs_at,
                                  bool((chosen.get("tuning") or {}).get("each_budget", False)), path),
+            earlier_rounds=_earlier_rounds(task_name, entry.get("earlier_rounds"), listed, runs_at, path),
             reduced=spec.get("reduced"),
             noise_multiplier=None if spec.get("noise_multiplier") is None else float(spec["noise_multiplier"]),
         ))

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from statistics import mean, median, stdev
 
 from dpbench.leaderboard.cells import Outcome
-from dpbench.leaderboard.suite import privatizer_of
+from dpbench.leaderboard.suite import chosen_in, privatizer_of
 from dpbench.report.stats import interval95
 
 
@@ -63,6 +63,9 @@ class Entry:
     privatizer: str | None = None
     """The privatizer its cells chose: a paper's own setting runs a method under another name (D2P2 at the paper's
     projection), and its claim is still D2P2's."""
+    optimizer: str | None = None
+    """The optimizer its cells ran (sgd, adam): a paper's claim is judged against the vanilla method with its method's
+    optimizer (compare.paper_baseline)."""
     non_finite: set[int] = field(default_factory=set)
     """Seeds whose run finished with a NaN or infinite test loss or metric (diverged, whatever their accuracy)."""
     selection: float | None = None
@@ -163,7 +166,8 @@ def summarize(outcomes: list[Outcome]) -> tuple[dict[str, list[Entry]], dict[str
         key = (cell["task"], cell["variant"], cell["epsilon"])
         entry = entries.setdefault(key, Entry(cell["task"], cell["method"], cell["variant"], cell["label"],
                                               cell["epsilon"], lr=cell["lr"], clip_norm=cell["clip_norm"],
-                                              privatizer=privatizer_of(cell.get("overrides", []))))
+                                              privatizer=privatizer_of(cell.get("overrides", [])),
+                                              optimizer=chosen_in(cell.get("overrides", []), "optimizer")))
         _add(entry, outcome)
     for outcome in outcomes:  # a rung refused at the tuning budget has no test cells there: show the refusal
         cell = outcome.cell
@@ -171,7 +175,8 @@ def summarize(outcomes: list[Outcome]) -> tuple[dict[str, list[Entry]], dict[str
         if cell["phase"] == "tune" and outcome.status == "refused" and key not in entries:
             entries[key] = Entry(cell["task"], cell["method"], cell["variant"], cell["label"], cell["epsilon"],
                                  lr=cell["lr"], clip_norm=cell["clip_norm"], refused=outcome.reason,
-                                 privatizer=privatizer_of(cell.get("overrides", [])))
+                                 privatizer=privatizer_of(cell.get("overrides", [])),
+                                 optimizer=chosen_in(cell.get("overrides", []), "optimizer"))
     by_task: dict[str, list[Entry]] = defaultdict(list)
     for entry in entries.values():
         by_task[entry.task].append(entry)

@@ -1,7 +1,7 @@
 """What every report and leaderboard figure shares so that a paper can take it as it is: each method's colour and
 marker (dpbench.core.method_style), legends of at most ten rows a column, tick labels that never overlap, a y view
 that neither zooms into one point's noise nor is stretched by a run that learned nothing, and the level of a model
-that learned nothing (chance accuracy, the initial loss) drawn where the task names it."""
+that learned nothing (chance accuracy, a constant prediction's loss) drawn where the task names it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ MIN_SPAN = {"accuracy": 0.1}
 RELATIVE_SPAN = 0.1
 PAD = 0.05
 """The share of the view left free above and below the data."""
-REFERENCE = {"accuracy": "chance", "loss": "initial loss"}
+REFERENCE = {"accuracy": "chance", "loss": "constant prediction"}
 """How the level of a model that learned nothing is named, by metric."""
 EDGE_NOTE = "open markers on the axis edge: runs at {name}{level}, {where} the axis"
 
@@ -65,10 +65,10 @@ def _min_span(metric: str | None, values: Sequence[float]) -> float:
 
 def y_view(values: Sequence[float], metric: str | None, reference: float | None = None) -> tuple[float, float]:
     """The y limits a panel shows. The rule: the view spans `values` (the means and interval ends of the runs that
-    learned, the ceilings and published figures), and the task's reference level (chance, the initial loss) where
-    taking it in at most doubles that span; it is at least MIN_SPAN wide around the data's centre (one point, or
-    results within a point of each other, are not zoomed into their noise), padded by PAD each side, and within 0-1
-    for an accuracy. A run at the reference level far from the rest is drawn on the axis edge instead
+    learned, the ceilings and published figures), and the task's reference level (chance, a constant prediction's
+    loss) where taking it in at most doubles that span; it is at least MIN_SPAN wide around the data's centre (one
+    point, or results within a point of each other, are not zoomed into their noise), padded by PAD each side, and
+    within 0-1 for an accuracy. A run at the reference level far from the rest is drawn on the axis edge instead
     (mark_off_view)."""
     low, high = min(values), max(values)
     if reference is not None and max(high, reference) - min(low, reference) <= 2 * max(high - low,
@@ -88,7 +88,7 @@ def _shift_into_unit(low: float, high: float) -> tuple[float, float]:
 
 def draw_reference(axes: Axes, level: float | None, metric: str | None) -> None:
     """The level of a model that learned nothing, as a black dashed line named for the metric (chance accuracy,
-    initial loss), where the task names one and it lies in the view."""
+    a constant prediction's loss), where the task names one and it lies in the view."""
     if level is None or metric not in REFERENCE:
         return
     low, high = axes.get_ylim()

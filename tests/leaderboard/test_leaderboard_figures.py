@@ -90,12 +90,12 @@ def test_a_method_has_the_same_colour_in_figures_that_show_different_methods():
     assert colours[0]["DP-SGD-JL (r=10)"] == colours[1]["DP-SGD-JL (r=10)"] != colours[1]["DP-SGD-JL (r=2)"]
 
 
-def test_a_task_with_a_chance_level_draws_it_and_a_loss_task_its_initial_loss():
+def test_a_task_with_a_chance_level_draws_it_and_a_loss_task_its_constant_prediction():
     figure, (left, right) = plt.subplots(1, 2)
     draw_epsilon(left, [entry("DP-SGD", 3, 0.72), entry("non-private SGD", None, 0.76)], "t", 1e-5, chance=0.5915)
-    draw_epsilon(right, [entry("DP-Adam", 1, 12.0, metric="loss"), entry("DP-Adam", 8, 9.6, metric="loss"),
-                         entry("non-private Adam", None, 4.5, metric="loss")], "t", 1e-6, chance=19.35)
-    for axes, name, level in ((left, "chance", 0.5915), (right, "initial loss", 19.35)):
+    draw_epsilon(right, [entry("DP-Adam", 1, 5.0, metric="loss"), entry("DP-Adam", 8, 3.6, metric="loss"),
+                         entry("non-private Adam", None, 3.0, metric="loss")], "t", 1e-6, chance=3.1395)
+    for axes, name, level in ((left, "chance", 0.5915), (right, "constant prediction", 3.1395)):
         (line,) = [line for line in axes.get_lines() if line.get_label() == name]
         assert list(line.get_ydata()) == [level, level] and line.get_linestyle() == "--"
         assert name in axes.get_legend_handles_labels()[1]
