@@ -22,8 +22,10 @@ Colour = tuple[float, float, float]
 HUES = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
         "#17becf", "#1b1f5e", "#005f56", "#d4a017")
 """tab10's ten colours, then navy, dark teal and gold: thirteen hues for the thirteen methods compared most."""
-MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h")
-"""Nine markers against thirteen hues: the first 117 methods each get their own (hue, marker) pair."""
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*", "h", "p", "<", ">", "H", "8")
+"""Fourteen markers against thirteen hues: the thirteen methods compared most each have a marker of their own (a
+figure read in grey or by a colour-blind reader still tells them apart), and the first 182 methods each get their
+own (hue, marker) pair."""
 LIGHTNESS = (0.3, 0.7, 0.5, 0.8, 0.4, 0.6)
 """A variant's lightness (HLS) in its method's hue and saturation, dark and light in turn."""
 APART = 0.12

@@ -81,9 +81,18 @@ def _at_chance(claim: str, task: str, compared: list[Entry], chance: float) -> s
             f"{fmt_value(chance, metric)} ({means}).")
 
 
+EDGE = " (tuned on its grid's edge)"
+"""Beside a method whose search ended on the grid's edge at its limit: a comparison with it may understate it."""
+
+
+def named(entry: Entry) -> str:
+    """The entry's label, with EDGE where its point was chosen on the grid's edge."""
+    return entry.label + (EDGE if entry.on_edge else "")
+
+
 def _against(base: Entry, paper: bool) -> str:
     """How a claim's sentence names its baseline: the paper's own, or the stand-in where the task runs no such one."""
-    return base.label if paper else f"{base.label} (no vanilla method with this method's optimizer runs here)"
+    return named(base) if paper else f"{named(base)} (no vanilla method with this method's optimizer runs here)"
 
 
 def _verdict(verdict: str) -> str:
@@ -122,9 +131,10 @@ def winners(entries: list[Entry], budgets: tuple[float, ...], chance: float | No
             against = " (vanilla itself)"
         elif base is not None:
             test = better_test(best, base)
-            against = (f", {_compared(test, judge)} over {base.label} ({fmt_entry(base)}): better: "
+            against = (f", {_compared(test, judge)} over {named(base)} ({fmt_entry(base)}): better: "
                        f"{_verdict(judge.verdict(test))}" if test else f"; no seed in common with {base.label}")
-        lines.append(f"epsilon {epsilon:g}: **{best.label}** {fmt_entry(best)}{basis}{against}")
+        lines.append(f"epsilon {epsilon:g}: **{best.label}**{EDGE if best.on_edge else ''} {fmt_entry(best)}{basis}"
+                     f"{against}")
     return lines
 
 
@@ -153,7 +163,7 @@ def _jl(task: str, entries: list[Entry], epsilon: float, chance: float | None, j
         ratio = jl.cost("step_s") / base.cost("step_s")
         test = close_test(jl, base, _tolerance(base.metric))
         verdicts.append(judge.verdict(test))
-        parts.append(f"{jl.label} {fmt_entry(jl)} ({_compared(test, judge)}) at {ratio:.2f}x its time per step")
+        parts.append(f"{named(jl)} {fmt_entry(jl)} ({_compared(test, judge)}) at {ratio:.2f}x its time per step")
     verdict = HOLDS if HOLDS in verdicts else UNCLEAR if UNCLEAR in verdicts else FAILS
     holding = [jl.label for jl, v in zip(timed, verdicts, strict=True) if v == HOLDS]
     untimed = [e.label for e in measured if e not in timed]
@@ -177,7 +187,8 @@ def _grape(task: str, entries: list[Entry], epsilon: float, chance: float | None
     test = close_test(grape, base, _tolerance(base.metric))
     ratio = grape.cost("peak_mb") / base.cost("peak_mb")
     return (f"GRAPE (DP-Adam accuracy; memory and speed are judged in Claims at scale), {task}, epsilon {epsilon:g}: "
-            f"{fmt_entry(grape)} vs {_against(base, paper)} {fmt_entry(base)} ({_compared(test, judge)}) at "
+            f"{fmt_entry(grape)}{EDGE if grape.on_edge else ''} vs {_against(base, paper)} {fmt_entry(base)} "
+            f"({_compared(test, judge)}) at "
             f"{ratio:.2f}x its peak memory ({grape.cost('peak_mb'):.0f} vs {base.cost('peak_mb'):.0f} MB): "
             f"{_verdict(judge.verdict(test))}.")
 
@@ -199,7 +210,8 @@ def _d2p2(task: str, entries: list[Entry], budgets: tuple[float, ...], chance: f
         test = better_test(d2p2, base)
         verdict = judge.verdict(test)
         verdicts.append(f"{_verdict(verdict).replace(' at this budget', '')} at epsilon {eps:g}")
-        parts.append(f"epsilon {eps:g}: {fmt_entry(d2p2)} vs {_against(base, paper)} {fmt_entry(base)} "
+        parts.append(f"epsilon {eps:g}: {fmt_entry(d2p2)}{EDGE if d2p2.on_edge else ''} vs {_against(base, paper)} "
+                     f"{fmt_entry(base)} "
                      f"({_compared(test, judge)}, {verdict})")
     return (f"D2P2 (better than DP-SGD, especially at small epsilon), {task}: {pairs[0][1].label} at "
             f"{'; '.join(parts)}: {'; '.join(verdicts)}.")
@@ -215,7 +227,7 @@ def _sparse(task: str, entries: list[Entry], epsilon: float, chance: float | Non
     if not learned(base, chance) and not learned(sparse, chance):
         return _at_chance(f"sparse, epsilon {epsilon:g}", task, [sparse, base], chance)
     test = better_test(sparse, base)
-    return (f"sparse (lower word2vec loss than dense DP training), {task}, epsilon {epsilon:g}: {sparse.label}, "
+    return (f"sparse (lower word2vec loss than dense DP training), {task}, epsilon {epsilon:g}: {named(sparse)}, "
             f"test {sparse.metric} {fmt_entry(sparse)} vs {_against(base, paper)} {fmt_entry(base)} "
             f"({_compared(test, judge)}): {_verdict(judge.verdict(test))}.")
 

@@ -26,6 +26,7 @@ from dpbench.core.method_style import legend_columns, style_of  # noqa: E402
 from dpbench.leaderboard.claims import learned  # noqa: E402
 from dpbench.leaderboard.summary import Entry  # noqa: E402
 from dpbench.report.style import (  # noqa: E402
+    PAD,
     draw_reference,
     legend_outside,
     linear_ticks,
@@ -167,6 +168,20 @@ def _cost_levels(entry: Entry, cost: str) -> list[float]:
     return [entry.cost(cost), *values] if values else [entry.cost(cost)]
 
 
+COST_SPAN = 0.2
+"""The narrowest cost view, as a share of the largest cost shown: costs within a few percent of each other (the
+MiniLM head's 1.21-1.23 MB) are one cost, not a spread to zoom into."""
+
+
+def _cost_view(levels: list[float]) -> tuple[float, float]:
+    """The x limits of a linear cost axis: the levels, widened about their centre to at least COST_SPAN of the
+    largest, never below zero."""
+    low, high = min(levels), max(levels)
+    span = max(high - low, COST_SPAN * high) * (1 + 2 * PAD)
+    centre = (low + high) / 2
+    return max(0.0, centre - span / 2), centre + span / 2
+
+
 def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str, chance: float | None = None) -> bool:
     """Each method as its own marker with its interval; non-private as a star in its colour; the front only where it
     separates points by more than their spread, among the runs that learned (a run at chance is cheap because it
@@ -190,7 +205,10 @@ def _draw_cost(axes, entries: list[Entry], cost: str, xlabel: str, chance: float
     if len(front) < len(points):
         axes.step([p[0] for p in front], front_levels(front, maximize=metric != "loss"), where="post", color="red",
                   linewidth=1, alpha=0.6, label="Pareto front (beyond the spread)")
-    readable_axis(axes, "x", [level for e in measured for level in _cost_levels(e, cost)])
+    levels = [level for e in measured for level in _cost_levels(e, cost)]
+    readable_axis(axes, "x", levels)
+    if axes.get_xscale() == "linear":
+        axes.set_xlim(*_cost_view(levels))
     _view(axes, measured, metric, chance, [])
     mark_off_view(axes, [(e.cost(cost), e.mean, style_of(e.label).colour, style_of(e.label).marker)
                          for e in measured if e.epsilon is not None], metric, chance)

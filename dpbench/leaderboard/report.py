@@ -25,6 +25,7 @@ from dpbench.leaderboard.claims import (
     fmt_ratio,
     fmt_value,
     learned,
+    named,
     winners,
 )
 from dpbench.leaderboard.compare import best_baseline, best_of, chosen_on_selection
@@ -104,8 +105,14 @@ def csv_rows(outcomes: list[Outcome], root: Path,
 
 def _deltas(suite: Suite) -> str:
     """'delta 1e-05 for every task', or the suite's delta and the tasks that set their own."""
-    own = [f"{task.title}: {task.delta:g}" for task in suite.tasks if task.delta != suite.delta]
-    return f"delta {suite.delta:g} for every task" + (f" but {'; '.join(own)}" if own else "")
+    own: dict[float, list[str]] = {}
+    for task in suite.tasks:
+        if task.delta != suite.delta:
+            own.setdefault(task.delta, []).append(task.name)
+    if not own:
+        return f"delta {suite.delta:g} for every task"
+    exceptions = "; ".join(f"{delta:g} for {', '.join(names)}" for delta, names in own.items())
+    return f"delta {suite.delta:g} ({exceptions})"
 
 
 def _order(task: Task, entries: list[Entry]) -> list[Entry]:
@@ -308,10 +315,7 @@ def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite:
             lines.append(f"- {record.label}{where}: {len(record.trials)} trial(s), none finished "
                          f"({', '.join(states)})")
             continue
-        status = optimum_status([(lr, clip, value) for lr, clip, value, _ in record.trials],
-                                task.lr[task.optimizer_of(method)], task.clip if method.private else None,
-                                suite.tuning, maximize=metric != "loss",
-                                step_is_product=method.private and task.optimizer_of(method) == "sgd")
+        status = _search_status(task, method, record, suite, metric)
         statuses.append(status)
         lr, clip, value = best_trial(finished, maximize=metric != "loss")
         point = f"lr {lr:.3g}" + ("" if clip is None else f" clip {clip:.3g}")
@@ -333,6 +337,27 @@ def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite:
             f"with the optimum interior on the first range, {grown} interior after growing it, {edge} on the edge at "
             f"the search's limit{step}; ties between trials go to {TIE_RULE}. Trials per method, all budgets"
             f"{discarded}: {counts}.", "", *lines, ""]
+
+
+def _search_status(task: Task, method: Method, record: Tuning, suite: Suite, metric: str | None) -> str:
+    """Where the search's best trial lies: interior, or on the grid's edge at its limit (grid.optimum_status)."""
+    return optimum_status([(lr, clip, value) for lr, clip, value, _ in record.trials],
+                          task.lr[task.optimizer_of(method)], task.clip if method.private else None,
+                          suite.tuning, maximize=metric != "loss",
+                          step_is_product=method.private and task.optimizer_of(method) == "sgd")
+
+
+def mark_edges(suite: Suite, entries: dict[str, list[Entry]], tuning: dict[str, list[Tuning]]) -> None:
+    """Set each entry's on_edge from the search that chose its point (at its tuning budget)."""
+    for task in suite.tasks:
+        methods = {v.name: m for m in task.methods for v in m.variants()}
+        records = {(r.variant, r.epsilon): r for r in tuning.get(task.name, [])}
+        for entry in entries.get(task.name, []):
+            record = records.get((entry.variant, suite.tuning_budget(entry.epsilon)))
+            method = methods.get(entry.variant)
+            if record is None or method is None or not any(v is not None for _, _, v, _ in record.trials):
+                continue
+            entry.on_edge = _search_status(task, method, record, suite, entry.metric).startswith("on the edge")
 
 
 def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]], judge: Judge) -> list[str]:
@@ -359,7 +384,7 @@ def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]], judge: Judge) -
             if _unfinished(task, entries, epsilon, len(suite.seeds)):
                 verdict = f"provisional: {verdict}" if verdict != "-" else "provisional"
             ratios = [fmt_ratio(best.cost(c), base.cost(c)) for c in ("peak_mb", "step_s")]
-            rows.append(f"| {task.title} | {epsilon:g} | {best.label} {fmt_entry(best)}{basis} | {base.label} | "
+            rows.append(f"| {task.title} | {epsilon:g} | {named(best)} {fmt_entry(best)}{basis} | {named(base)} | "
                         f"{margin} | {verdict} | {ratios[0]} memory, {ratios[1]} time |")
     if not rows:
         return []
@@ -372,7 +397,7 @@ def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]], judge: Judge) -
             "report's whole family of claims: see the claims section; \"provisional\" while a method of that budget "
             "has seeds still to run, as its choice and the family can still change), and its peak memory and time per "
             "step at that budget as multiples of the baseline's (shown, not judged: memory and speed claims are "
-            "judged at the papers' scale, in Claims at scale). Scale: each task's title; device: the machine below.",
+            "judged at the papers' scale, in Claims at scale). Scale: each task's title; device: the machine above.",
             "",
             "| task | epsilon | best method | baseline | margin over the baseline | better? | cost vs baseline |",
             "|---|---|---|---|---|---|---|", *rows, ""]
@@ -513,9 +538,17 @@ def _read(suite: Suite, root: Path, allow_mixed_commits: bool) -> _Found:
     release_only_noisy_scores(tuning, selections)
     attach_selection(entries, tuning, suite.tuning_budget, skip=lambda e: isinstance(
         selections.get((e.task, e.variant, suite.tuning_budget(e.epsilon))), Selection))
+    mark_edges(suite, entries, tuning)
     runs_path = root / RUNS_FILE
     runs = json.loads(runs_path.read_text()) if runs_path.exists() else []
     return _Found(outcomes, len(found) - len(outcomes), entries, tuning, selections, runs, commits)
+
+
+def _fewer_budgets(suite: Suite) -> str:
+    """' (the ViT at 3 and 8 only; ...)': the tasks that run fewer of the profile's budgets."""
+    fewer = [f"{task.name} at {' and '.join(f'{b:g}' for b in task.budgets)} only" for task in suite.tasks
+             if task.budgets and tuple(task.budgets) != tuple(suite.budgets)]
+    return f" ({'; '.join(fewer)})" if fewer else ""
 
 
 def _reset_figures(figures: Path) -> None:
@@ -556,8 +589,9 @@ def _preamble(suite: Suite, root: Path, found: _Found, command: str) -> list[str
         f"- Wall time: {cell_wall:.0f} s summed over the cells' processes"
         + (f"; suite invocations: {_invocations(runs)}" if runs else "")
         + ".",
-        f"- Budgets: {'total ' if suite.total else ''}epsilon {', '.join(f'{b:g}' for b in suite.budgets)} at "
-        f"{_deltas(suite)} (each below 1/N, N the task's training-set size: a run refuses a delta at or above it).",
+        f"- Budgets: {'total ' if suite.total else ''}epsilon {', '.join(f'{b:g}' for b in suite.budgets)}"
+        f"{_fewer_budgets(suite)}; {_deltas(suite)}, each below 1/N, N the task's training-set size (a run "
+        "refuses a delta at or above it).",
         *([f"- What this profile runs, and why: {suite.choice}"] if suite.choice else []),
         _fairness(suite),
         *_protocol(suite),
@@ -635,8 +669,11 @@ def _resolution_line(suite: Suite) -> str:
         rows.append(f"{task.name} (n = {task.validation_size:,}): {spread}")
     return ("- Selection's resolution (the released score's noise standard deviation z/n, in percent of the score's "
             "range: points of accuracy, or percent of a loss task's cap on each example's loss): " + "; ".join(rows)
-            + ". Compare it with each cell's interval: a trial is told apart from another only by more than about "
-            "twice this.")
+            + ". This is the score's noise alone: each trial is also one seed's training run, whose seed-to-seed "
+            "spread (several points on the harder tasks: each cell's interval shows it at the chosen point) and the "
+            "validation sample's own error add to it. A trial is told apart from another only by more than about "
+            "twice their sum, so the chosen point, and the best method picked by its selection score, are noisy "
+            "picks; the verdicts rest on the evaluation seeds, not on the selection.")
 
 
 def _total_line(suite: Suite) -> str:
@@ -660,16 +697,21 @@ def _protocol(suite: Suite) -> list[str]:
              f" **This smoke profile runs {counted(len(suite.seeds), 'evaluation seed')}, fewer than the protocol's "
              f"{MIN_EVALUATION_SEEDS}: its intervals and verdicts show the machinery only.**")
     return [
-        "- Selection apart from evaluation: hyperparameters, the best method of a budget and the vanilla baseline "
-        "are chosen on the selection runs (each method's validation value at its chosen trial); the evaluation "
-        "seeds only measure them. A choice with no selection run behind it (a published recipe, a private tuning "
+        "- Selection apart from evaluation: hyperparameters, the best method of a budget and the vanilla method it "
+        "is compared with are chosen on the selection runs (each method's validation value at its chosen trial); "
+        "the evaluation seeds only measure them. A paper's claim is judged against its paper's baseline, fixed "
+        "before any result: the vanilla method with the claimed method's optimizer (DP-SGD for JL and D2P2, DP-Adam "
+        "for GRAPE and sparse). A choice with no selection run behind it (a published recipe, a private tuning "
         "whose scores are not released) is made on the evaluation seeds and says so." + seeds,
         f"- Divergence: {DIVERGENCE_RULE}. Each cell counts its diverged seeds (\"2/5 diverged\"); a diverged seed "
         "with a finite value stays in the mean and in the paired comparisons (it is what the method gave at that "
         "seed), one without a finite value has none and is left out of both.",
         f"- Verdicts: paired seed by seed, each claim's two-sided paired t test Holm-corrected over the report's whole "
         f"family of claims at family-wise alpha {ALPHA:g} (the family's size is given with the papers' claims); "
-        "\"holds\" only after the correction. Intervals and tests are conditional on the one selection run of each "
+        "\"holds\" only after the correction (a \"close\" claim's two-sided test against its margin is a one-sided "
+        f"non-inferiority test at {ALPHA / 2:g}; a loss has no margin). The Claims at scale section's verdicts are "
+        "single measurements, descriptive and outside this family. Intervals and tests are conditional on the one "
+        "selection run of each "
         "method and budget (its trials at the selection seed and their noisy scores: a second selection could choose "
         "another point) and on the task's fixed test split: they measure the evaluation seeds' training randomness, "
         "not the selection's variance or the test sample's." + _normality(len(suite.seeds)),
@@ -784,11 +826,15 @@ def _at_budget_lines(task: Task) -> list[str]:
 
 def _claims_section(suite: Suite, claims: list[str], family: Family) -> list[str]:
     lines = ["## The papers' headline claims against this table", "",
-             "Each verdict pairs the method with the task's best vanilla private method (DP-SGD or DP-Adam) seed by "
-             "seed: holds, does not hold, or not distinguishable at this budget (the claim's test is not rejected "
-             "after the correction below). \"Better\" tests a paired difference of 0; \"close\" (JL's and GRAPE's "
-             f"accuracy) is non-inferiority, a test against -{CLOSE_POINTS:g} points, so the same pair shows a "
-             "different p-value under each claim.", "", f"Multiple comparisons. {family.describe()}", ""]
+             "Each verdict pairs the method seed by seed with its paper's baseline, the vanilla method with its "
+             "optimizer (DP-SGD for JL and D2P2, DP-Adam for GRAPE and sparse; the other one, said so, where a task "
+             "does not run it): holds, does not hold, or not distinguishable at this budget (the claim's test is "
+             "not rejected after the correction below). \"Better\" tests a paired difference of 0; \"close\" (JL's "
+             f"and GRAPE's accuracy) is non-inferiority, a test against -{CLOSE_POINTS:g} points, so the same pair "
+             "shows a different p-value under each claim. A method marked \"tuned on its grid's edge\" had its best "
+             "trial on the edge of its search's range at the search's limit: a better point may lie outside, so a "
+             "verdict against it may flatter the other side, and one for it may understate it.", "",
+             f"Multiple comparisons. {family.describe()}", ""]
     if suite.smoke:
         lines += [f"The `{suite.profile}` profile is a smoke profile ({counted(len(suite.seeds), 'evaluation seed')}): "
                   "these verdicts exercise the checks, they say nothing about the papers.", ""]

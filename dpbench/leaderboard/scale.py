@@ -247,7 +247,9 @@ def scale_section(frontier_dir: Path) -> list[str]:
              "from `python -m dpbench.capacity frontier`: every trial a fresh process under the cap, the largest batch "
              "found by doubling from the fixed batch. CPU peaks are the trial process's working set (malloc's bytes "
              "in use at their peak; records before 2026-11-29: its VmHWM), the interpreter included in the table and "
-             "left out of the ratios; CUDA peaks are max_memory_reserved.", ""]
+             "left out of the ratios; CUDA peaks are max_memory_reserved. Each figure is one measurement, not "
+             "replicated over seeds, and its verdict (a ratio past the paper's threshold or not) is descriptive: it "
+             "is outside the family of tested claims that the Holm correction covers.", ""]
     for path in records:
         lines += _record_lines(json.loads(path.read_text()), path.parent.name)
     return lines

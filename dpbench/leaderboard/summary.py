@@ -68,6 +68,9 @@ class Entry:
     optimizer (compare.paper_baseline)."""
     non_finite: set[int] = field(default_factory=set)
     """Seeds whose run finished with a NaN or infinite test loss or metric (diverged, whatever their accuracy)."""
+    on_edge: bool = False
+    """Its search's best trial lies on the grid's edge at the search's limit: a better point may lie outside the
+    range, so a comparison with it is read with that caveat (the claims name it)."""
     selection: float | None = None
     """The validation value of the tuning trial this entry's point was chosen by: the best method is picked on it,
     apart from the evaluation seeds (None where no search chose the point: a fixed recipe, a private tuning)."""

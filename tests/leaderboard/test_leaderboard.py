@@ -104,7 +104,7 @@ def test_tiny_suite_end_to_end_with_refusal_resume_and_report(tmp_path, caplog):
     assert "| JL (r=1) |" in markdown and "refused at epsilon 1: " + refused.reason in markdown
     cnn_section = markdown.split("### tiny CNN")[1].split("###")[0]
     assert "Three steps only, so the numbers say nothing." in cnn_section
-    assert "at delta 1e-05 for every task but tiny ViT: 1e-06 (each below 1/N, N the task's training-set" in markdown
+    assert "; delta 1e-05 (1e-06 for vit), each below 1/N, N the task's training-set size" in markdown
     assert "does not count the tuning" in markdown and "/nonexistent/fashion-mnist does not exist" in markdown
     assert (docs / "leaderboard" / "headline.png").exists()
     assert "not reached yet" not in markdown

@@ -266,3 +266,16 @@ def test_word2vec_chance_is_the_best_constant_score_s_loss():
     for name in ("word2vec_bbc_news", "word2vec_sgns_sparsepaper"):
         (chance,) = [t.chance for t in suite.tasks if t.name == name]
         assert chance == pytest.approx(best.fun, abs=1e-4), name
+
+
+def test_a_comparison_with_a_method_tuned_on_its_grid_s_edge_says_so():
+    """The first review's only "holds" was won against a baseline whose search ended at its range's limit: a better
+    point may lie outside it, and the sentence must say that beside the verdict."""
+    base = entry("dpadam", 3, 0.70, label="DP-Adam")
+    base.on_edge = True
+    grape = entry("grape", 3, 0.69)
+    (sentence,) = claims([("ViT", [base, grape], None)], (3,), 3)
+    assert "vs DP-Adam (tuned on its grid's edge) 70.0%" in sentence
+    grape.on_edge, base.on_edge = True, False
+    (sentence,) = claims([("ViT", [base, grape], None)], (3,), 3)
+    assert "69.0% [66.5, 71.5] (tuned on its grid's edge) vs DP-Adam 70.0%" in sentence

@@ -79,6 +79,16 @@ def test_every_label_the_suite_can_show_has_its_own_colour_and_marker():
     assert len({(style.colour, style.marker) for style in styles}) == len(labels)
 
 
+def test_the_methods_compared_most_each_have_a_marker_of_their_own():
+    """A figure read in grey tells DP-SGD from D2P-SGD and JL's rung from DP-GaLore by marker alone (the review found
+    circles and hexagons shared)."""
+    from dpbench.core.method_style import FIRST
+    from dpbench.core.methods import method_label
+
+    markers = [style_of(method_label(privatizer, optimizer)).marker for privatizer, optimizer in FIRST]
+    assert len(set(markers)) == len(FIRST) == 13
+
+
 def test_a_method_has_the_same_colour_in_figures_that_show_different_methods():
     few = [entry("DP-SGD-JL (r=10)", 3, 0.9)]
     many = [entry(label, 3, 0.8) for label in ("DP-SGD", "DP-Adam", "DP-SGD-JL (r=2)")] + few
@@ -198,3 +208,16 @@ def test_frontier_plots_have_a_plain_title_and_their_batch_sizes_on_the_axis(tmp
     lines = {line.get_label(): line for line in axes.get_lines()}
     assert to_rgba(lines["DP-Adam (ghost norms)"].get_color()) == to_rgba(style_of("DP-Adam").colour)
     assert lines["DP-GRAPE (Adam)"].get_marker() == style_of("DP-GRAPE (Adam)").marker
+
+
+def test_a_cost_axis_is_not_zoomed_into_a_few_percent():
+    """The MiniLM head's methods at 1.21-1.23 MB once filled the whole memory axis: a 2% difference drawn as a wide
+    one."""
+    from dpbench.leaderboard.plots import COST_SPAN, _draw_cost
+
+    close = [entry("DP-SGD", 3, 0.72, peak=1.21), entry("DP-Adam", 3, 0.75, peak=1.23)]
+    figure, axes = plt.subplots()
+    assert _draw_cost(axes, close, "peak_mb", "peak memory (MB)")
+    low, high = axes.get_xlim()
+    assert high - low >= COST_SPAN * 1.23 and low <= 1.21 * 0.99 and high >= 1.23 * 1.01
+    plt.close(figure)
