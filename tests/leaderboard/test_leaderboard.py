@@ -208,6 +208,11 @@ def test_pareto_front_keeps_only_undominated_points_beyond_the_measurement_sprea
     # the staircase never drops below a point it passed: c is on the front within b's spread, but b is better
     assert front_levels(pareto(noisy, maximize=True), maximize=True) == [0.8, 0.8]
     assert front_levels(pareto(loss, maximize=False), maximize=False) == [3.0, 2.0]
+    # d costs more than a and is better only within their intervals: a dominates it (the review's JL r = 10 vs DP2)
+    overlapping = [(100.0, 0.714, "a", 0.0, (0.685, 0.743)), (250.0, 0.759, "d", 0.0, (0.726, 0.792))]
+    assert [p[2] for p in pareto(overlapping, maximize=True)] == ["a"]
+    apart = [(100.0, 0.714, "a", 0.0, (0.70, 0.73)), (250.0, 0.759, "d", 0.0, (0.74, 0.78))]
+    assert [p[2] for p in pareto(apart, maximize=True)] == ["a", "d"]
 
 
 def test_suite_naming_an_unknown_method_is_refused(tmp_path):
