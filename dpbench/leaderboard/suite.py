@@ -240,6 +240,16 @@ def _budget(chosen: dict[str, Any], tuning: GridSpec, smoke: bool, where: str) -
     return budget
 
 
+def _per_budget(key: str, by_budget: Any, budgets: tuple[float, ...], values: str) -> list[tuple[float, Any]]:
+    """A `{budget: value}` mapping's pairs, refused where it is no mapping or names a budget the task does not run."""
+    if not isinstance(by_budget, dict):
+        raise ConfigurationError(f"{key} must map budgets to {values}, got {by_budget!r}")
+    for budget in by_budget:
+        if float(budget) not in budgets:
+            raise ConfigurationError(f"{key} names budget {budget}, not one of the task's budgets {list(budgets)}")
+    return [(float(budget), value) for budget, value in by_budget.items()]
+
+
 def _at_budget(task: str, raw: Any, methods: dict[str, Method], budgets: tuple[float, ...], each_budget: bool,
                where: Path) -> tuple[tuple[str, float, tuple[str, ...]], ...]:
     """A profile task entry's `at_budget: {method: {budget: [overrides]}}`, refused where it would not take effect as
@@ -259,15 +269,10 @@ def _at_budget(task: str, raw: Any, methods: dict[str, Method], budgets: tuple[f
             raise ConfigurationError(f"{key} names {name!r}, not one of its methods {list(methods)}")
         if not methods[name].private:
             raise ConfigurationError(f"{key} names {name!r}, a non-private method: its cells have no budget")
-        if not isinstance(by_budget, dict):
-            raise ConfigurationError(f"{key}.{name} must map budgets to lists of overrides, got {by_budget!r}")
-        for budget, overrides in by_budget.items():
-            if float(budget) not in budgets:
-                raise ConfigurationError(f"{key}.{name} names budget {budget}, not one of the task's budgets "
-                                         f"{list(budgets)}")
+        for budget, overrides in _per_budget(f"{key}.{name}", by_budget, budgets, "lists of overrides"):
             if not isinstance(overrides, list) or not all(isinstance(item, str) for item in overrides):
-                raise ConfigurationError(f"{key}.{name}.{budget} must be a list of overrides, got {overrides!r}")
-            entries.append((name, float(budget), tuple(overrides)))
+                raise ConfigurationError(f"{key}.{name}.{budget:g} must be a list of overrides, got {overrides!r}")
+            entries.append((name, budget, tuple(overrides)))
     return tuple(entries)
 
 
@@ -285,15 +290,11 @@ def _earlier_rounds(task: str, raw: Any, methods: list[Method], budgets: tuple[f
     for name, by_budget in raw.items():
         if name not in variants:
             raise ConfigurationError(f"{key} names {name!r}, not one of its private variants {variants}")
-        if not isinstance(by_budget, dict):
-            raise ConfigurationError(f"{key}.{name} must map budgets to trial counts, got {by_budget!r}")
-        for budget, trials in by_budget.items():
-            if float(budget) not in budgets:
-                raise ConfigurationError(f"{key}.{name} names budget {budget}, not one of the task's budgets "
-                                         f"{list(budgets)}")
+        for budget, trials in _per_budget(f"{key}.{name}", by_budget, budgets, "trial counts"):
             if not isinstance(trials, int) or isinstance(trials, bool) or trials < 1:
-                raise ConfigurationError(f"{key}.{name}.{budget} must be a positive number of trials, got {trials!r}")
-            entries.append((name, float(budget), trials))
+                raise ConfigurationError(f"{key}.{name}.{budget:g} must be a positive number of trials, got "
+                                         f"{trials!r}")
+            entries.append((name, budget, trials))
     return tuple(entries)
 
 

@@ -1,5 +1,6 @@
-"""A tiny leaderboard suite (two tasks, a third whose data is absent, three methods, one profile) for the tests of
-the leaderboard's machinery (tests/leaderboard/test_leaderboard.py, test_leaderboard_recost.py)."""
+"""Tiny leaderboard suites for the tests of the leaderboard's machinery: TINY (two tasks, a third whose data is
+absent, three methods, one profile; tests/leaderboard/test_leaderboard.py, test_leaderboard_recost.py) and a
+word2vec one under total budgets whose methods and task entry each test gives (word2vec_totals)."""
 
 TINY = """
 delta: 1.0e-5
@@ -51,3 +52,36 @@ profiles:
       vit: {methods: [dpsgd, jl]}
       absent: {methods: [dpsgd]}
 """
+
+
+def word2vec_totals(methods: str, methods_run: str, task_entry: str = "") -> str:
+    """A 20-step word2vec task under total budgets 3 and 8 (profile `totals`): `methods` are the suite's method
+    lines (each indented two spaces), `methods_run` the profile's list, `task_entry` extra lines of its task entry."""
+    return f"""
+delta: 1.0e-6
+common: [trainer.enable_progress_bar=false, trainer.checkpoint=false, trainer.check_val_every_n_epoch=null]
+methods:
+  nonprivate: {{overrides: [privatizer=nonprivate], optimizer: adam, private: false}}
+  dpadam: {{label: DP-Adam, overrides: [privatizer=vanilla], optimizer: adam}}
+{methods}
+tasks:
+  w2v:
+    title: tiny word2vec
+    overrides: [model=word2vec, data=bbc_news, model.init_std=1.0, data.train_size=1000, batch_size=100,
+                max_steps=20]
+    optimizer: adam
+    lr: {{adam: [0.001, 0.01]}}
+    clip: [1.0, 5.0]
+    validation_size: 200
+profiles:
+  totals:
+    budgets: [3, 8]
+    tune_epsilon: 3
+    budget: total
+    tuning: {{lr_points: 2, clip_points: 2, max_growth: 1, each_budget: true, trials: 4, score_noise: 10}}
+    seeds: [1, 2]
+    smoke: true
+    tasks:
+      w2v:
+        methods: [{methods_run}]
+{task_entry}"""

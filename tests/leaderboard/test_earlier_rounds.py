@@ -12,41 +12,16 @@ from dpbench.leaderboard.summary import Entry
 from dpbench.leaderboard.total_budget import TotalBudget, calibrate_budget, composition_for
 from dpbench.leaderboard.trial_cells import cell_for, trial_cell
 from dpbench.privacy.procedure import Procedure, procedure_epsilon
+from tests.helpers.leaderboard_suites import word2vec_totals
 
-SUITE = """
-delta: 1.0e-6
-common: [trainer.enable_progress_bar=false, trainer.checkpoint=false, trainer.check_val_every_n_epoch=null]
-methods:
-  nonprivate: {overrides: [privatizer=nonprivate], optimizer: adam, private: false}
-  dpadam: {label: DP-Adam, overrides: [privatizer=vanilla], optimizer: adam}
-  jl: {overrides: [privatizer=jl], optimizer: adam, ladder: {key: privatizer.projections, short: r, values: [2, 10]}}
-tasks:
-  w2v:
-    title: tiny word2vec
-    overrides: [model=word2vec, data=bbc_news, data.train_size=1000, batch_size=100, max_steps=20]
-    optimizer: adam
-    lr: {adam: [0.001, 0.01]}
-    clip: [1.0, 5.0]
-    validation_size: 200
-profiles:
-  totals:
-    budgets: [3, 8]
-    tune_epsilon: 3
-    budget: total
-    tuning: {lr_points: 2, clip_points: 2, max_growth: 1, each_budget: true, trials: 4, score_noise: 10}
-    seeds: [1, 2]
-    smoke: true
-    tasks:
-      w2v:
-        methods: [dpadam, jl, nonprivate]
-EARLIER
-"""
+JL = ("  jl: {overrides: [privatizer=jl], optimizer: adam,\n"
+      "       ladder: {key: privatizer.projections, short: r, values: [2, 10]}}")
 EARLIER = "        earlier_rounds: {dpadam: {3: 4}, jl_r10: {8: 2}}\n"
 
 
 def _suite(tmp_path, earlier=EARLIER):
     path = tmp_path / "suite.yaml"
-    path.write_text(SUITE.replace("EARLIER\n", earlier))
+    path.write_text(word2vec_totals(JL, "dpadam, jl, nonprivate", earlier))
     return load_suite("totals", path)
 
 

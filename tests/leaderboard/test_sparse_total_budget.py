@@ -17,42 +17,15 @@ from dpbench.privacy.accounting import epsilon
 from dpbench.privacy.mechanisms import SubsampledGaussian
 from dpbench.privacy.procedure import Procedure, procedure_epsilon
 from dpbench.privacy.sparse_step_accounting import SubsampledSelectionGaussian
+from tests.helpers.leaderboard_suites import word2vec_totals
 
-SUITE = """
-delta: 1.0e-6
-common: [trainer.enable_progress_bar=false, trainer.checkpoint=false, trainer.check_val_every_n_epoch=null]
-methods:
-  nonprivate: {overrides: [privatizer=nonprivate], optimizer: adam, private: false}
-  dpadam: {label: DP-Adam, overrides: [privatizer=vanilla], optimizer: adam}
-  sparse: {overrides: [privatizer=sparse, privatizer.sparsity=0.001, privatizer.clip2=10.0], optimizer: adam}
-tasks:
-  w2v:
-    title: tiny word2vec
-    overrides: [model=word2vec, data=bbc_news, model.init_std=1.0, data.train_size=1000, batch_size=100,
-                max_steps=20]
-    optimizer: adam
-    lr: {adam: [0.001, 0.01]}
-    clip: [1.0, 5.0]
-    validation_size: 200
-profiles:
-  totals:
-    budgets: [3, 8]
-    tune_epsilon: 3
-    budget: total
-    tuning: {lr_points: 2, clip_points: 2, max_growth: 1, each_budget: true, trials: 4, score_noise: 10}
-    seeds: [1, 2]
-    smoke: true
-    tasks:
-      w2v:
-        methods: [dpadam, sparse, nonprivate]
-AT_BUDGET
-"""
+SPARSE = "  sparse: {overrides: [privatizer=sparse, privatizer.sparsity=0.001, privatizer.clip2=10.0], optimizer: adam}"
 SELECTION = "        at_budget: {sparse: {3: [privatizer.selection_epsilon=0.2]}}\n"
 
 
 def _suite(tmp_path, at_budget=SELECTION, edit=("", "")):
     path = tmp_path / "suite.yaml"
-    path.write_text(SUITE.replace("AT_BUDGET\n", at_budget).replace(*edit))
+    path.write_text(word2vec_totals(SPARSE, "dpadam, sparse, nonprivate", at_budget).replace(*edit))
     return load_suite("totals", path)
 
 
