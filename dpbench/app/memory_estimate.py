@@ -30,8 +30,9 @@ MB = 2**20
 FITS = 0.9
 """The share of the free memory an estimate may fill: the rest is the allocator's slack and what is not counted."""
 ADVICE_HEADROOM = 0.95
-"""The share of that budget an advised batch fills: the process that follows the advice finds a few MB more or less
-free than the one that gave it, and must not be refused at the boundary."""
+"""The share of that budget, less the weights, gradients and optimizer state, that an advised batch's per-sample
+state and activations fill: the process that follows the advice finds a few MB more or less free than the one that
+gave it, and must not be refused at the boundary."""
 
 
 @dataclass(frozen=True)

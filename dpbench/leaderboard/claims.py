@@ -5,12 +5,12 @@ claimed method's optimizer (compare.paper_baseline; the best vanilla method, sai
 baseline). Each verdict is one of "holds", "does not hold" or "not distinguishable at this budget", decided by the
 judge the report passes: over the whole family of the report's claims, Holm-corrected (family.py). "Close" accuracy
 is a non-inferiority margin of 2 points (the difference's test against -2 points); a loss has no margin, so its
-"close" is "no worse". These tables judge utility only: a method's memory and time are shown beside its verdict but
-judged in the "Claims at scale" section (scale.py), at the paper's scale and against the paper's baseline, never on
-a small model's CPU peaks. Where the task names what a constant prediction scores (its `chance`: the majority
-class's accuracy, or a loss task's best constant-score loss), nothing is judged or crowned unless it beats that (an
-accuracy by a point): two methods that both learned nothing are not "close", nor is one of them "better". Each
-sentence names the task's scale (its title) and the device the runs used.
+"close" is tested as "better". These tables judge utility only: a method's memory and time are shown beside its
+verdict but judged in the "Claims at scale" section (scale.py), at the paper's scale and against the paper's
+baseline, never on a small model's CPU peaks. Where the task names what a constant prediction scores (its
+`chance`: the majority class's accuracy, or a loss task's best constant-score loss), nothing is judged or crowned
+unless it beats that (an accuracy by a point): two methods that both learned nothing are not "close", nor is one of
+them "better". Each sentence names the task's scale (its title) and the device the runs used.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from __future__ import annotations
 from dpbench.leaderboard.compare import (
     FAILS,
     HOLDS,
+    STAND_IN,
     UNCLEAR,
     best_baseline,
     best_of,
@@ -90,9 +91,9 @@ def named(entry: Entry) -> str:
     return entry.label + (EDGE if entry.on_edge else "")
 
 
-def _against(base: Entry, paper: bool) -> str:
-    """How a claim's sentence names its baseline: the paper's own, or the stand-in where the task runs no such one."""
-    return named(base) if paper else f"{named(base)} (no vanilla method with this method's optimizer runs here)"
+def _against(base: Entry, stand_in: str | None) -> str:
+    """How a claim's sentence names its baseline: the paper's own, or the stand-in and why (compare.STAND_IN)."""
+    return named(base) if stand_in is None else f"{named(base)} ({STAND_IN[stand_in]})"
 
 
 def _verdict(verdict: str) -> str:
@@ -139,14 +140,14 @@ def winners(entries: list[Entry], budgets: tuple[float, ...], chance: float | No
 
 
 def _jl(task: str, entries: list[Entry], epsilon: float, chance: float | None, judge: Judge) -> str | None:
-    """Every measured rung against the paper's baseline (DP-SGD, exact norms with JL's optimizer): each rung's
-    verdict is its own, and the sentence names the rungs that hold (the claim's time half is judged at scale, where
-    the rung measured is named too)."""
+    """Every measured rung against the paper's baseline (exact norms with JL's optimizer: DP-SGD on an SGD task):
+    each rung's verdict is its own, and the sentence names the rungs that hold (the claim's time half is judged at
+    scale, where the rung measured is named too)."""
     rungs = [e for e in entries if e.family == "jl" and e.epsilon == epsilon]
     if not rungs:
         return None
     measured = [e for e in rungs if e.mean is not None]
-    base, paper = paper_baseline(entries, measured[0]) if measured else (None, False)
+    base, stand_in = paper_baseline(entries, measured[0]) if measured else (None, None)
     refused = [e.label for e in rungs if e.refused]
     if not measured:
         return (f"JL, {task}, epsilon {epsilon:g}: cannot be checked, every rung tried was refused "
@@ -171,7 +172,7 @@ def _jl(task: str, entries: list[Entry], epsilon: float, chance: float | None, j
         f" (no timings: {', '.join(untimed)})" if untimed else "")
     where = f" for {', '.join(holding)} only" if holding and len(holding) < len(timed) else ""
     return (f"JL (norms from r projections: accuracy close to exact clipping; its time is judged in Claims at "
-            f"scale), {task}, epsilon {epsilon:g}, against {_against(base, paper)} {fmt_entry(base)}{note}: "
+            f"scale), {task}, epsilon {epsilon:g}, against {_against(base, stand_in)} {fmt_entry(base)}{note}: "
             f"{'; '.join(parts)}: {_verdict(verdict)}{where}.")
 
 
@@ -179,7 +180,7 @@ def _grape(task: str, entries: list[Entry], epsilon: float, chance: float | None
     grape = _find(entries, "grape", epsilon)
     if grape is None:
         return None
-    base, paper = paper_baseline(entries, grape)
+    base, stand_in = paper_baseline(entries, grape)
     if base is None or not grape.peak_mb or not base.peak_mb:
         return None
     if not learned(base, chance) and not learned(grape, chance):
@@ -187,7 +188,7 @@ def _grape(task: str, entries: list[Entry], epsilon: float, chance: float | None
     test = close_test(grape, base, _tolerance(base.metric))
     ratio = grape.cost("peak_mb") / base.cost("peak_mb")
     return (f"GRAPE (DP-Adam accuracy; memory and speed are judged in Claims at scale), {task}, epsilon {epsilon:g}: "
-            f"{fmt_entry(grape)}{EDGE if grape.on_edge else ''} vs {_against(base, paper)} {fmt_entry(base)} "
+            f"{fmt_entry(grape)}{EDGE if grape.on_edge else ''} vs {_against(base, stand_in)} {fmt_entry(base)} "
             f"({_compared(test, judge)}) at "
             f"{ratio:.2f}x its peak memory ({grape.cost('peak_mb'):.0f} vs {base.cost('peak_mb'):.0f} MB): "
             f"{_verdict(judge.verdict(test))}.")
@@ -199,18 +200,18 @@ def _d2p2(task: str, entries: list[Entry], budgets: tuple[float, ...], chance: f
     is read from them, not summarised into one)."""
     found = [(eps, _find(entries, "d2p2", eps)) for eps in budgets]
     pairs = [(eps, d, *paper_baseline(entries, d)) for eps, d in found if d is not None]
-    pairs = [(eps, d, b, paper) for eps, d, b, paper in pairs if b is not None]
+    pairs = [(eps, d, b, stand_in) for eps, d, b, stand_in in pairs if b is not None]
     if not pairs:
         return None
-    learning = [(eps, d, b, paper) for eps, d, b, paper in pairs if learned(b, chance) or learned(d, chance)]
+    learning = [(eps, d, b, stand_in) for eps, d, b, stand_in in pairs if learned(b, chance) or learned(d, chance)]
     if not learning:
         return _at_chance("D2P2", task, [pairs[-1][1], pairs[-1][2]], chance)
     parts, verdicts = [], []
-    for eps, d2p2, base, paper in learning:
+    for eps, d2p2, base, stand_in in learning:
         test = better_test(d2p2, base)
         verdict = judge.verdict(test)
         verdicts.append(f"{_verdict(verdict).replace(' at this budget', '')} at epsilon {eps:g}")
-        parts.append(f"epsilon {eps:g}: {fmt_entry(d2p2)}{EDGE if d2p2.on_edge else ''} vs {_against(base, paper)} "
+        parts.append(f"epsilon {eps:g}: {fmt_entry(d2p2)}{EDGE if d2p2.on_edge else ''} vs {_against(base, stand_in)} "
                      f"{fmt_entry(base)} "
                      f"({_compared(test, judge)}, {verdict})")
     return (f"D2P2 (better than DP-SGD, especially at small epsilon), {task}: {pairs[0][1].label} at "
@@ -221,14 +222,14 @@ def _sparse(task: str, entries: list[Entry], epsilon: float, chance: float | Non
     sparse = _find(entries, "sparse", epsilon)
     if sparse is None:
         return None
-    base, paper = paper_baseline(entries, sparse)
+    base, stand_in = paper_baseline(entries, sparse)
     if base is None:
         return None
     if not learned(base, chance) and not learned(sparse, chance):
         return _at_chance(f"sparse, epsilon {epsilon:g}", task, [sparse, base], chance)
     test = better_test(sparse, base)
     return (f"sparse (lower word2vec loss than dense DP training), {task}, epsilon {epsilon:g}: {named(sparse)}, "
-            f"test {sparse.metric} {fmt_entry(sparse)} vs {_against(base, paper)} {fmt_entry(base)} "
+            f"test {sparse.metric} {fmt_entry(sparse)} vs {_against(base, stand_in)} {fmt_entry(base)} "
             f"({_compared(test, judge)}): {_verdict(judge.verdict(test))}.")
 
 

@@ -52,7 +52,8 @@ class Paired:
     def amount(self, difference: float) -> str:
         """A signed difference in the metric's own direction and units: '-2.0 points', or a loss's '+0.100 in loss'
         (higher: worse), so that a '+' is never read as better on a loss."""
-        return self._number(self._sign * difference) + (" points" if self.metric == "accuracy" else " in loss")
+        unit = {"accuracy": " points", "loss": " in loss"}.get(self.metric or "", "")
+        return self._number(self._sign * difference) + unit
 
     @property
     def _sign(self) -> float:
@@ -103,9 +104,20 @@ def best_baseline(entries: list[Entry], epsilon: float | None) -> Entry | None:
     return best_of(found) if found else None
 
 
-def paper_baseline(entries: list[Entry], method: Entry) -> tuple[Entry | None, bool]:
-    """The vanilla method at `method`'s budget with its optimizer, and True; where the task runs no such method (or
-    the optimizer is not known), the best vanilla method and False, which the claim's sentence says."""
-    same = [e for e in entries if e.method in BASELINES and e.epsilon == method.epsilon and e.mean is not None
-            and method.optimizer is not None and e.optimizer == method.optimizer]
-    return (same[0], True) if same else (best_baseline(entries, method.epsilon), False)
+STAND_IN = {"unknown": "this method's optimizer is not recorded: the better vanilla method stands in",
+            "not run": "the paper's baseline, the vanilla method with this method's optimizer, is not run here"}
+"""Why a claim is judged against a stand-in instead of its paper's baseline, as its sentence says."""
+
+
+def paper_baseline(entries: list[Entry], method: Entry) -> tuple[Entry | None, str | None]:
+    """The vanilla method at `method`'s budget with its optimizer, and None; where the task runs no vanilla method
+    with that optimizer at all (or the optimizer is not recorded), the best vanilla method and the STAND_IN key. A
+    paper's baseline that runs but has no result yet (pending, refused, failed) gives no baseline: the claim waits
+    for it rather than being judged against another method."""
+    at_budget = [e for e in entries if e.method in BASELINES and e.epsilon == method.epsilon]
+    if method.optimizer is None:
+        return best_baseline(entries, method.epsilon), "unknown"
+    same = [e for e in at_budget if e.optimizer == method.optimizer]
+    if not same:
+        return best_baseline(entries, method.epsilon), "not run"
+    return (same[0] if same[0].mean is not None else None), None

@@ -312,7 +312,9 @@ def _tuning_lines(task: Task, tuning: list[Tuning], entries: list[Entry], suite:
             continue
         if not finished:
             states = sorted({state for *_, state in record.trials})
-            lines.append(f"- {record.label}{where}: {len(record.trials)} trial(s), none finished "
+            unscored = ("none scored yet: a total releases its noisy scores once every trial has run"
+                        if "done" in states else "none finished")
+            lines.append(f"- {record.label}{where}: {len(record.trials)} trial(s), {unscored} "
                          f"({', '.join(states)})")
             continue
         status = _search_status(task, method, record, suite, metric)
@@ -347,17 +349,25 @@ def _search_status(task: Task, method: Method, record: Tuning, suite: Suite, met
                           step_is_product=method.private and task.optimizer_of(method) == "sgd")
 
 
-def mark_edges(suite: Suite, entries: dict[str, list[Entry]], tuning: dict[str, list[Tuning]]) -> None:
-    """Set each entry's on_edge from the search that chose its point (at its tuning budget)."""
+def mark_edges(suite: Suite, entries: dict[str, list[Entry]], tuning: dict[str, list[Tuning]],
+               selections: Selections) -> None:
+    """Set each entry's on_edge from the search that chose its point (at its tuning budget), read from the scores
+    the report may show (a total's released noisy scores; never a private tuning's, which releases only its
+    winner). A private SGD search whose lr x clip is bracketed is not marked: its step's size was searched across."""
     for task in suite.tasks:
+        task_entries = entries.get(task.name, [])
+        metric = next((e.metric for e in task_entries if e.metric), None)
         methods = {v.name: m for m in task.methods for v in m.variants()}
         records = {(r.variant, r.epsilon): r for r in tuning.get(task.name, [])}
-        for entry in entries.get(task.name, []):
-            record = records.get((entry.variant, suite.tuning_budget(entry.epsilon)))
-            method = methods.get(entry.variant)
-            if record is None or method is None or not any(v is not None for _, _, v, _ in record.trials):
+        for entry in task_entries:
+            budget = suite.tuning_budget(entry.epsilon)
+            record, method = records.get((entry.variant, budget)), methods.get(entry.variant)
+            if (record is None or method is None or isinstance(selections.get((task.name, entry.variant, budget)),
+                                                                Selection)
+                    or not any(value is not None for _, _, value, _ in record.trials)):
                 continue
-            entry.on_edge = _search_status(task, method, record, suite, entry.metric).startswith("on the edge")
+            status = _search_status(task, method, record, suite, metric)
+            entry.on_edge = status.startswith("on the edge") and not status.endswith(STEP_BRACKETED)
 
 
 def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]], judge: Judge) -> list[str]:
@@ -391,15 +401,17 @@ def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]], judge: Judge) -
     return ["## At a glance", "",
             "Per task and budget: the best private method (mean [95% interval] over the evaluation seeds), chosen on "
             "its selection runs (the validation value of its chosen tuning trial, never the evaluation seeds; a "
-            "row that had none says so), its margin over the best vanilla baseline (DP-SGD or DP-Adam, chosen the "
-            "same way) paired seed by seed with its 95% interval, p-value and Holm-adjusted p-value, whether it is "
+            "row that had none says so), its margin over the best vanilla method (DP-SGD or DP-Adam, chosen the "
+            "same way; the papers' claims below are judged against each paper's own baseline instead, the vanilla "
+            "method with the claimed method's optimizer, so the two comparisons can differ) paired seed by seed with "
+            "its 95% interval, p-value and Holm-adjusted p-value, whether it is "
             "better (holds / does not hold / not distinguishable at this budget, after the correction for the "
             "report's whole family of claims: see the claims section; \"provisional\" while a method of that budget "
             "has seeds still to run, as its choice and the family can still change), and its peak memory and time per "
             "step at that budget as multiples of the baseline's (shown, not judged: memory and speed claims are "
             "judged at the papers' scale, in Claims at scale). Scale: each task's title; device: the machine above.",
             "",
-            "| task | epsilon | best method | baseline | margin over the baseline | better? | cost vs baseline |",
+            "| task | epsilon | best method | best vanilla method | margin over it | better? | cost vs it |",
             "|---|---|---|---|---|---|---|", *rows, ""]
 
 
@@ -538,7 +550,7 @@ def _read(suite: Suite, root: Path, allow_mixed_commits: bool) -> _Found:
     release_only_noisy_scores(tuning, selections)
     attach_selection(entries, tuning, suite.tuning_budget, skip=lambda e: isinstance(
         selections.get((e.task, e.variant, suite.tuning_budget(e.epsilon))), Selection))
-    mark_edges(suite, entries, tuning)
+    mark_edges(suite, entries, tuning, selections)
     runs_path = root / RUNS_FILE
     runs = json.loads(runs_path.read_text()) if runs_path.exists() else []
     return _Found(outcomes, len(found) - len(outcomes), entries, tuning, selections, runs, commits)
@@ -709,12 +721,12 @@ def _protocol(suite: Suite) -> list[str]:
         f"- Verdicts: paired seed by seed, each claim's two-sided paired t test Holm-corrected over the report's whole "
         f"family of claims at family-wise alpha {ALPHA:g} (the family's size is given with the papers' claims); "
         "\"holds\" only after the correction (a \"close\" claim's two-sided test against its margin is a one-sided "
-        f"non-inferiority test at {ALPHA / 2:g}; a loss has no margin). The Claims at scale section's verdicts are "
-        "single measurements, descriptive and outside this family. Intervals and tests are conditional on the one "
-        "selection run of each "
-        "method and budget (its trials at the selection seed and their noisy scores: a second selection could choose "
-        "another point) and on the task's fixed test split: they measure the evaluation seeds' training randomness, "
-        "not the selection's variance or the test sample's." + _normality(len(suite.seeds)),
+        f"non-inferiority test at {ALPHA / 2:g}; a loss has no margin, so its \"close\" is tested as \"better\"). "
+        "The Claims at scale section's verdicts are single measurements, descriptive and outside this family. "
+        "Intervals and tests are conditional on the one selection run of each method and budget (its trials at the "
+        "selection seed and their noisy scores: a second selection could choose another point) and on the task's "
+        "fixed test split: they measure the evaluation seeds' training randomness, not the selection's variance or "
+        "the test sample's." + _normality(len(suite.seeds)),
         "- Ranges: each task's learning-rate and clip-norm ranges are fixed in the suite file before its trials and "
         "taken as given; a total accounts for the search within them, not for how they were set. The developers set "
         "them from earlier runs, some on these same data sets (the suite file's comments cite them), which no epsilon "

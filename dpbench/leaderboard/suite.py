@@ -276,13 +276,16 @@ def _at_budget(task: str, raw: Any, methods: dict[str, Method], budgets: tuple[f
     return tuple(entries)
 
 
-def _earlier_rounds(task: str, raw: Any, methods: list[Method], budgets: tuple[float, ...],
+def _earlier_rounds(task: str, raw: Any, methods: list[Method], budgets: tuple[float, ...], total: bool,
                     where: Path) -> tuple[tuple[str, float, int], ...]:
-    """A profile task entry's `earlier_rounds: {variant: {budget: trials}}`, refused for a variant or budget the task
-    does not run privately, or a count of trials that is not a positive integer."""
+    """A profile task entry's `earlier_rounds: {variant: {budget: trials}}`, refused outside a `budget: total`
+    profile (a per-run profile has no total to count them in), for a variant or budget the task does not run
+    privately, or for a count of trials that is not a positive integer."""
     if raw is None:
         return ()
     key = f"{where}: tasks.{task}.earlier_rounds"
+    if not total:
+        raise ConfigurationError(f"{key} needs `budget: {TOTAL}`: a per-run profile has no total to count them in")
     variants = [v.name for m in methods if m.private for v in m.variants()]
     if not isinstance(raw, dict):
         raise ConfigurationError(f"{key} must map variants to {{budget: trials}}, got {raw!r}")
@@ -382,7 +385,8 @@ def load_suite(profile: str, path: Path | None = None) -> Suite:
             budgets=own_budgets,
             at_budget=_at_budget(task_name, entry.get("at_budget"), {m.name: m for m in listed}, runs_at,
                                  bool((chosen.get("tuning") or {}).get("each_budget", False)), path),
-            earlier_rounds=_earlier_rounds(task_name, entry.get("earlier_rounds"), listed, runs_at, path),
+            earlier_rounds=_earlier_rounds(task_name, entry.get("earlier_rounds"), listed, runs_at,
+                                           chosen.get("budget") == TOTAL, path),
             reduced=spec.get("reduced"),
             noise_multiplier=None if spec.get("noise_multiplier") is None else float(spec["noise_multiplier"]),
         ))

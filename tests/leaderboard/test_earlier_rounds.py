@@ -39,6 +39,14 @@ def test_an_earlier_round_that_would_not_attach_to_a_private_cell_is_refused(tmp
         _suite(tmp_path, earlier)
 
 
+def test_an_earlier_round_is_refused_in_a_per_run_profile(tmp_path):
+    """A per-run profile has no total to count the round in: the report would list its trials and show nothing."""
+    path = tmp_path / "suite.yaml"
+    path.write_text(word2vec_totals(JL, "dpadam, jl, nonprivate", EARLIER).replace("    budget: total\n", ""))
+    with pytest.raises(ConfigurationError, match="earlier_rounds needs `budget: total`"):
+        load_suite("totals", path)
+
+
 def test_the_discarded_round_is_counted_beside_the_cells_it_preceded_only(tmp_path):
     suite = _suite(tmp_path)
     task = suite.tasks[0]
@@ -64,3 +72,4 @@ def test_the_discarded_round_is_counted_beside_the_cells_it_preceded_only(tmp_pa
     elsewhere = Entry("w2v", "dpadam", variant.name, "DP-Adam", 8.0)
     assert _earlier_text(task, elsewhere, budget) == ""  # the round preceded the cells at 3 only
     assert task.earlier_trials("jl_r10", 8.0) == 2 and task.earlier_trials("jl_r2", 8.0) == 0
+

@@ -112,8 +112,15 @@ def test_a_claim_is_judged_against_its_paper_s_baseline_not_the_better_vanilla_m
     assert "vs DP-Adam 70.0%" in grape and grape.endswith(": holds.")
     without_dpsgd = [entry("dpadam", 3, 0.90, label="DP-Adam"), entry("d2p2", 3, 0.85)]
     (stand_in,) = claims([("MiniLM", without_dpsgd, None)], (3,), 3)
-    assert "vs DP-Adam (no vanilla method with this method's optimizer runs here) 90.0%" in stand_in
+    assert ("vs DP-Adam (the paper's baseline, the vanilla method with this method's optimizer, is not run here) "
+            "90.0%") in stand_in
     assert stand_in.endswith("**does not hold** at epsilon 3.")
+    pending = entry("dpsgd", 3, None, label="DP-SGD")  # the paper's baseline runs but has no result yet
+    assert claims([("CNN", [pending, entry("dpadam", 3, 0.90), entry("d2p2", 3, 0.85)], None)], (3,), 3) == []
+    unknown = entry("d2p2", 3, 0.85)
+    unknown.optimizer = None
+    (unrecorded,) = claims([("CNN", [entry("dpadam", 3, 0.90, label="DP-Adam"), unknown], None)], (3,), 3)
+    assert "vs DP-Adam (this method's optimizer is not recorded: the better vanilla method stands in)" in unrecorded
 
 
 def test_grape_d2p2_and_sparse_verdicts():
@@ -192,13 +199,13 @@ def test_a_paper_setting_s_method_is_judged_under_its_claim(tmp_path):
 
     def loss(method: str, privatizer: str | None, values: tuple[float, ...]) -> Entry:
         return Entry("t", method, method, method, 3, metric="loss", by_seed=dict(enumerate(values)),
-                     privatizer=privatizer)
+                     privatizer=privatizer, optimizer="adam")
 
     table = [loss("dpadam", "vanilla", (36.0, 36.1, 36.2)), loss("sparse_paper", "sparse", (36.6, 36.6, 36.7))]
     (sentence,) = claims([("skip-gram pairs", table, None)], (3.0,), 3.0)
     assert sentence.startswith("sparse (lower word2vec loss than dense DP training), skip-gram pairs, epsilon 3: "
                                "sparse_paper")
-    assert sentence.endswith("**does not hold**.")
+    assert " vs dpadam 36.100 [" in sentence and sentence.endswith("**does not hold**.")  # the paper's own baseline
 
 
 def test_a_task_running_both_a_method_and_its_paper_variant_is_judged_on_the_method():
