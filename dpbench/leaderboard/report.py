@@ -430,8 +430,9 @@ def _unfinished(task: Task, entries: list[Entry], epsilon: float, seeds: int) ->
     return False
 
 
-def _anchor_lines(task: Task, entries: list[Entry]) -> list[str]:
-    """Each published figure beside the cell that reproduces it (or that none has run)."""
+def _anchor_lines(task: Task, entries: list[Entry], selections: Selections, suite: Suite) -> list[str]:
+    """Each published figure beside the cell that reproduces it (or that none has run); where that cell's budget is a
+    total over several runs, its per-run epsilon, which is not the paper's one-run budget."""
     lines = []
     for anchor in task.anchors:
         ours = next((e for e in entries if e.method == anchor.method and e.epsilon == anchor.epsilon
@@ -441,6 +442,11 @@ def _anchor_lines(task: Task, entries: list[Entry]) -> list[str]:
         measured = (f"{ours.label} here {fmt_entry(ours)}, {100 * (ours.mean - anchor.value):+.1f} points"
                     if ours and metric == "accuracy" else f"{ours.label} here {fmt_entry(ours)}" if ours
                     else "not run here yet")
+        total = None if ours is None else selections.get((task.name, ours.variant, suite.tuning_budget(ours.epsilon)))
+        if isinstance(total, TotalBudget) and total.per_run is not None:
+            measured += (f" (at a total of {budget} over {counted(total.trials + total.finals, 'run')}: "
+                         f"{total.per_run:.2f} a run, not the paper's one run at {budget}; a task at the paper's "
+                         "noise compares like for like)")
         lines.append(f"- {anchor.source}: {fmt_value(anchor.value, metric)} at {budget}; {measured}")
     return ["Published figures this task reproduces:", "", *lines, ""] if lines else []
 
@@ -799,7 +805,7 @@ def _task_sections(suite: Suite, found: _Found, figures: Path,
             lines += [f"Not tuned: every method runs at the published recipe's learning rate {task.fixed[0]:g}"
                       + ("" if task.fixed[1] is None else f" and clip norm {task.fixed[1]:g}") + ".", ""]
         lines += _task_table(task, task_entries, suite, selections)
-        lines += _anchor_lines(task, task_entries)
+        lines += _anchor_lines(task, task_entries, selections, suite)
         lines += accountant_lines(task, found.outcomes)
         lines += _tuning_lines(task, tuning.get(task.name, []), task_entries, suite, selections)
         best = winners_by_task.get(task.name, [])

@@ -221,3 +221,21 @@ def test_pipelines_run_at_once_calibrate_one_at_a_time(suite, tmp_path):
     scheduler.calibrated, scheduler.counting, scheduler.active, scheduler.most = [], threading.Lock(), 0, 0
     scheduler.run()
     assert len(scheduler.calibrated) >= 3 and scheduler.most == 1
+
+
+def test_an_anchor_read_at_a_total_over_several_runs_says_its_per_run_budget():
+    """Tramer & Boneh's 86.0% is one run at epsilon 3; the suite's recipe cell at a total of 3 over 5 seeds runs each
+    seed at about 1.24: the anchor line must say so, not compare the two as if alike."""
+    from dpbench.leaderboard.report import _anchor_lines
+    from dpbench.leaderboard.summary import Entry
+
+    full = load_suite("full")
+    (task,) = [t for t in full.tasks if t.name == "fm_cnn_tb"]
+    ours = Entry(task.name, "dpsgd", "dpsgd", "DP-SGD", 3.0, metric="accuracy",
+                 by_seed={1: 0.838, 2: 0.836, 3: 0.840})
+    record = TotalBudget(3.0, 1e-5, 0, 5, 10.0, [[], []], noise_multiplier=2.3, total=3.0, per_run=1.24)
+    (line,) = [line for line in _anchor_lines(task, [ours], {(task.name, "dpsgd", 3.0): record}, full)
+               if line.startswith("- ")]
+    assert "-2.2 points (at a total of epsilon 3 over 5 runs: 1.24 a run, not the paper's one run" in line
+    (plain,) = [line for line in _anchor_lines(task, [ours], {}, full) if line.startswith("- ")]
+    assert plain.endswith("-2.2 points")  # a per-run cell's epsilon is the paper's: nothing to add
