@@ -86,9 +86,14 @@ EDGE = " (tuned on its grid's edge)"
 """Beside a method whose search ended on the grid's edge at its limit: a comparison with it may understate it."""
 
 
+def _edge(entry: Entry) -> str:
+    """EDGE where the entry's point was chosen on the grid's edge, else ''."""
+    return EDGE if entry.on_edge else ""
+
+
 def named(entry: Entry) -> str:
     """The entry's label, with EDGE where its point was chosen on the grid's edge."""
-    return entry.label + (EDGE if entry.on_edge else "")
+    return entry.label + _edge(entry)
 
 
 def _against(base: Entry, stand_in: str | None) -> str:
@@ -134,7 +139,7 @@ def winners(entries: list[Entry], budgets: tuple[float, ...], chance: float | No
             test = better_test(best, base)
             against = (f", {_compared(test, judge)} over {named(base)} ({fmt_entry(base)}): better: "
                        f"{_verdict(judge.verdict(test))}" if test else f"; no seed in common with {base.label}")
-        lines.append(f"epsilon {epsilon:g}: **{best.label}**{EDGE if best.on_edge else ''} {fmt_entry(best)}{basis}"
+        lines.append(f"epsilon {epsilon:g}: **{best.label}**{_edge(best)} {fmt_entry(best)}{basis}"
                      f"{against}")
     return lines
 
@@ -188,7 +193,7 @@ def _grape(task: str, entries: list[Entry], epsilon: float, chance: float | None
     test = close_test(grape, base, _tolerance(base.metric))
     ratio = grape.cost("peak_mb") / base.cost("peak_mb")
     return (f"GRAPE (DP-Adam accuracy; memory and speed are judged in Claims at scale), {task}, epsilon {epsilon:g}: "
-            f"{fmt_entry(grape)}{EDGE if grape.on_edge else ''} vs {_against(base, stand_in)} {fmt_entry(base)} "
+            f"{fmt_entry(grape)}{_edge(grape)} vs {_against(base, stand_in)} {fmt_entry(base)} "
             f"({_compared(test, judge)}) at "
             f"{ratio:.2f}x its peak memory ({grape.cost('peak_mb'):.0f} vs {base.cost('peak_mb'):.0f} MB): "
             f"{_verdict(judge.verdict(test))}.")
@@ -211,7 +216,7 @@ def _d2p2(task: str, entries: list[Entry], budgets: tuple[float, ...], chance: f
         test = better_test(d2p2, base)
         verdict = judge.verdict(test)
         verdicts.append(f"{_verdict(verdict).replace(' at this budget', '')} at epsilon {eps:g}")
-        parts.append(f"epsilon {eps:g}: {fmt_entry(d2p2)}{EDGE if d2p2.on_edge else ''} vs {_against(base, stand_in)} "
+        parts.append(f"epsilon {eps:g}: {fmt_entry(d2p2)}{_edge(d2p2)} vs {_against(base, stand_in)} "
                      f"{fmt_entry(base)} "
                      f"({_compared(test, judge)}, {verdict})")
     return (f"D2P2 (better than DP-SGD, especially at small epsilon), {task}: {pairs[0][1].label} at "

@@ -325,16 +325,12 @@ def chosen_in(overrides: list[str] | tuple[str, ...], group: str) -> str | None:
     return chosen[-1] if chosen else None
 
 
-def privatizer_of(overrides: list[str] | tuple[str, ...]) -> str | None:
-    return chosen_in(overrides, "privatizer")
-
-
 def _labelled(method: Method, task_optimizer: str) -> Method:
     """A method without a label of its own is named with the optimizer it runs with on the task (non-private SGD,
     DP-Adam-JL): `optimizer: task` alone would hide which."""
     if method.label:
         return method
-    privatizer = privatizer_of(method.overrides) or method.name
+    privatizer = chosen_in(method.overrides, "privatizer") or method.name
     optimizer = task_optimizer if method.optimizer == "task" else method.optimizer
     return replace(method, label=method_label(privatizer, optimizer))
 

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from statistics import mean, median, stdev
 
 from dpbench.leaderboard.cells import Outcome
-from dpbench.leaderboard.suite import chosen_in, privatizer_of
+from dpbench.leaderboard.suite import chosen_in
 from dpbench.report.stats import interval95
 
 
@@ -169,7 +169,7 @@ def summarize(outcomes: list[Outcome]) -> tuple[dict[str, list[Entry]], dict[str
         key = (cell["task"], cell["variant"], cell["epsilon"])
         entry = entries.setdefault(key, Entry(cell["task"], cell["method"], cell["variant"], cell["label"],
                                               cell["epsilon"], lr=cell["lr"], clip_norm=cell["clip_norm"],
-                                              privatizer=privatizer_of(cell.get("overrides", [])),
+                                              privatizer=chosen_in(cell.get("overrides", []), "privatizer"),
                                               optimizer=chosen_in(cell.get("overrides", []), "optimizer")))
         _add(entry, outcome)
     for outcome in outcomes:  # a rung refused at the tuning budget has no test cells there: show the refusal
@@ -178,7 +178,7 @@ def summarize(outcomes: list[Outcome]) -> tuple[dict[str, list[Entry]], dict[str
         if cell["phase"] == "tune" and outcome.status == "refused" and key not in entries:
             entries[key] = Entry(cell["task"], cell["method"], cell["variant"], cell["label"], cell["epsilon"],
                                  lr=cell["lr"], clip_norm=cell["clip_norm"], refused=outcome.reason,
-                                 privatizer=privatizer_of(cell.get("overrides", [])),
+                                 privatizer=chosen_in(cell.get("overrides", []), "privatizer"),
                                  optimizer=chosen_in(cell.get("overrides", []), "optimizer"))
     by_task: dict[str, list[Entry]] = defaultdict(list)
     for entry in entries.values():
