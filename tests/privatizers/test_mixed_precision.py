@@ -89,31 +89,26 @@ def _toy_bundle() -> dpbench.DataBundle:
                               num_classes=2)
 
 
-FORWARD_DTYPES: set[torch.dtype] = set()
-
-
-class _DtypeRecorder(nn.Module):
-    """Records the dtype its input arrives in, outside the module (the step refuses a forward that changes a
-    module's own state)."""
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        FORWARD_DTYPES.add(x.dtype)
-        return x
-
-
 def test_a_bf16_mixed_trainer_runs_the_forward_at_bf16_and_clips_every_step_in_float32():
     """Over 2.5 epochs of a real Trainer at bf16-mixed, with a tenth of the samples scaled by 1e4: every step's
     clipped sum is float32 and no larger than C times the samples it summed (each contribution at most C)."""
-    FORWARD_DTYPES.clear()
     data = _toy_bundle()
     data.train.features[:20] *= 1e4
-    model = nn.Sequential(nn.Linear(6, 16), _DtypeRecorder(), nn.ReLU(), nn.Linear(16, 2))
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 2))
     steps = 25  # 10 steps an epoch
     module, datamodule = dpbench.make_private_module(model, data, "vanilla",
                                                      optimizer=dpbench.OptimizerConfig(lr=0.1), batch_size=20,
                                                      steps=steps, target_epsilon=3.0, clip_norm=CLIP)
-    strategy, sum_dtypes, summed, seen = module.strategy, set(), [], [0]
-    accumulate, finalize = strategy.accumulate, strategy.finalize
+    strategy, sum_dtypes, summed, seen, forward_dtypes = module.strategy, set(), [], [0], set()
+    accumulate, finalize, per_sample_loss = strategy.accumulate, strategy.finalize, module.task.per_sample_loss
+
+    def recording(forward, batch):
+        def recorded(inputs):
+            outputs = forward(inputs)
+            forward_dtypes.add(outputs.dtype)
+            return outputs
+
+        return per_sample_loss(recorded, batch)
 
     def count(model, task, batch, ctx):
         seen[0] += len(batch[1])
@@ -127,13 +122,13 @@ def test_a_bf16_mixed_trainer_runs_the_forward_at_bf16_and_clips_every_step_in_f
         seen[0] = 0
         return finalize(model, ctx)
 
-    strategy.accumulate, strategy.finalize = count, capture
+    strategy.accumulate, strategy.finalize, module.task.per_sample_loss = count, capture, recording
     trainer = L.Trainer(max_steps=steps, accelerator="cpu", precision="bf16-mixed", logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         use_distributed_sampler=False, num_sanity_val_steps=0, limit_val_batches=0)
     trainer.fit(module, datamodule=datamodule)
     assert module.ledger.steps == steps and trainer.current_epoch >= 2 and len(summed) == steps
-    assert torch.bfloat16 in FORWARD_DTYPES and sum_dtypes == {torch.float32}
+    assert torch.bfloat16 in forward_dtypes and sum_dtypes == {torch.float32}
     assert all(norm <= CLIP * samples * (1 + 1e-6) for norm, samples in summed)
     assert max(norm for norm, _ in summed) > 0.5 * CLIP  # the huge samples were in the steps, clipped to C
     assert all(p.dtype == torch.float32 and p.grad.dtype == torch.float32 for p in model.parameters())
