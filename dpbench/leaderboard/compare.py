@@ -86,15 +86,20 @@ def paired(method: Entry, baseline: Entry) -> Paired | None:
 
 
 def chosen_on_selection(entries: list[Entry]) -> bool:
-    """Whether every candidate has a selection score, so that the choice among them never reads a test seed."""
+    """Whether the choice among the candidates never reads a test seed: every one has a selection score, or there
+    is only one (a recipe task running one method chooses nothing)."""
+    return len(entries) == 1 or _scored(entries)
+
+
+def _scored(entries: list[Entry]) -> bool:
     return bool(entries) and all(e.selection is not None for e in entries)
 
 
 def best_of(entries: list[Entry]) -> Entry:
-    """The best candidate: by selection score where every one has it (chosen_on_selection), else by test mean; on a
-    tie the one listed first (the suite's order)."""
+    """The best candidate: by selection score where every one has it, else by test mean; on a tie the one listed
+    first (the suite's order)."""
     sign = -1.0 if entries[0].metric == "loss" else 1.0
-    on_selection = chosen_on_selection(entries)
+    on_selection = _scored(entries)
     return max(entries, key=lambda e: sign * (e.selection if on_selection else e.mean))
 
 

@@ -268,21 +268,19 @@ Panel = tuple[str, list[Entry], float, list[Published], float | None]
 
 
 def headline_plot(panels: list[Panel], path: Path, total: bool = False) -> Path | None:
-    """Every task's metric-vs-epsilon panel in one figure, one legend for all of them (each method once, ten a
-    column)."""
+    """Every task's metric-vs-epsilon panel in one figure, each with the legend of what it draws (one legend of
+    every task's methods ran to 18 entries); a method keeps its colour and marker in every panel."""
     panels = [panel for panel in panels if any(e.mean is not None for e in panel[1])]
     if not panels:
         return None
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
-    figure, grid = plt.subplots(rows, columns, figsize=(5.5 * columns + 2.5, 4 * rows), squeeze=False)
+    figure, grid = plt.subplots(rows, columns, figsize=(8 * columns, 4 * rows), squeeze=False)
     for axes, (title, entries, delta, published, chance) in zip(grid.flat, panels, strict=False):
         draw_epsilon(axes, entries, title, delta, legend=False, published=published, chance=chance, total=total)
+        legend_outside(axes, *_handles(axes))
     for axes in list(grid.flat)[len(panels):]:
         axes.set_visible(False)
-    handles, labels = _handles(*grid.flat[:len(panels)])
-    figure.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.95), fontsize=8, frameon=False,
-                  ncol=legend_columns(len(labels)))
     return _save(figure, path)
 
 

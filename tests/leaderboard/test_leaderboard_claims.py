@@ -149,6 +149,8 @@ def test_winner_and_its_paired_margin_over_the_better_vanilla():
         "[+3.0, +3.0] over 3 paired seeds, p < 0.001, Holm < 0.001 over dpadam (92.0% [89.5, 94.5]): better: holds",
         "epsilon 8: **dpadam** 94.0% [91.5, 96.5] (chosen on the evaluation seeds: no selection score) (vanilla "
         "itself)"]
+    recipe = [entry("dpsgd", 3, 0.84)]  # one method, untuned: nothing was chosen, on any seeds
+    assert won(recipe, (3,)) == ["epsilon 3: **dpsgd** 84.0% [81.5, 86.5] (vanilla itself)"]
 
 
 def test_nothing_is_judged_or_crowned_at_a_constant_prediction_s_accuracy():
