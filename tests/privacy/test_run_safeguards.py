@@ -20,13 +20,13 @@ from tests.helpers.cli import FAST, dpbench, results
 
 def test_secure_noise_is_standard_normal_and_leaves_torch_rngs_alone():
     state = torch.get_rng_state()
-    sample = PrivacyRandomness(secure=True).draws("noise", 0).normal((20001,), torch.float64).numpy()
+    sample = PrivacyRandomness(1, secure=True).draws("noise", 0).normal((20001,), torch.float64).numpy()
     assert torch.equal(torch.get_rng_state(), state)
     assert stats.kstest(sample, "norm").pvalue > 1e-3
     noise = PrivateStream(PrivacyRandomness(secure=True), "noise")
     first, second = noise.normal_like(torch.zeros(1000), 2.0), noise.normal_like(torch.zeros(1000), 2.0)
     assert not torch.equal(first, second) and float(first.std()) == pytest.approx(2.0, rel=0.15)
-    uniforms = PrivacyRandomness(secure=True).draws("sampling", 0).uniform(20001).numpy()
+    uniforms = PrivacyRandomness(1, secure=True).draws("sampling", 0).uniform(20001).numpy()
     assert stats.kstest(uniforms, "uniform").pvalue > 1e-3
 
 
