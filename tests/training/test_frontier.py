@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 
 import pytest
 
@@ -94,7 +93,8 @@ def test_the_frontier_command_records_every_method_and_draws_them(tmp_path):
 def killed_by_the_system(overrides, batch_size, steps, cap_mb, device_name, queue) -> None:
     """A trial body the kernel's OOM killer ends (SIGKILL), as it did at OPT-1.3B with other jobs on the host."""
     queue.put(("interpreter", 400.0))
-    time.sleep(1.0)  # the queue's feeder thread sends the message; a real trial is killed long after it
+    queue.close()
+    queue.join_thread()  # the feeder thread has sent the message: a real trial is killed long after it
     os.kill(os.getpid(), signal.SIGKILL)
 
 
