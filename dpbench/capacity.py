@@ -24,13 +24,12 @@ import torch
 from hydra.errors import HydraException
 
 from dpbench.app.frontier import FRONTIER_FIELDS, FrontierRow, frontier_row, refused_row
-from dpbench.app.frontier_plot import plot_frontier
+from dpbench.app.frontier_plot import FRONTIER_PLOT, optimizer_of, plot_frontier, title_of
 from dpbench.app.max_batch import MEMORY_FIELDS, MaxBatchResult, find_max_batch, trial_device
 from dpbench.core.errors import ConfigurationError
 
 MAX_BATCH_FILE = "max_batch.json"
 FRONTIER_FILE = "frontier.json"
-FRONTIER_PLOT = "frontier.png"
 FRONTIER_PRIVATIZERS = "nonprivate,vanilla,materialized,grape,dp_galore"
 
 
@@ -91,7 +90,7 @@ def frontier(args: argparse.Namespace, cap_mb: float) -> list[FrontierRow]:
     started = time.perf_counter()
     out = args.out or Path("outputs/frontier")
     out.mkdir(parents=True, exist_ok=True)
-    title = " ".join(o for o in args.overrides if o.startswith("model")) or "default model"
+    title = title_of(args.overrides)
     privatizers = (args.privatizers or FRONTIER_PRIVATIZERS).split(",")
     device = trial_device(args.overrides)
     device_name = torch.cuda.get_device_name() if device == "cuda" else "CPU"
@@ -118,7 +117,7 @@ def frontier(args: argparse.Namespace, cap_mb: float) -> list[FrontierRow]:
             print(f"  refused: {refusal}", flush=True)
             rows.append(refused_row(privatizer, device, args.batch, str(refusal)))
         write()
-        plot_frontier(rows, cap_mb, f"{title} ({device_name})", out / FRONTIER_PLOT, _optimizer(args.overrides))
+        plot_frontier(rows, cap_mb, f"{title} ({device_name})", out / FRONTIER_PLOT, optimizer_of(args.overrides))
     print(frontier_table(rows, cap_mb, device_name, time.perf_counter() - started))
     print(f"wrote {out / FRONTIER_FILE} and {out / FRONTIER_PLOT}")
     return rows
@@ -130,11 +129,6 @@ def _remaining(started: float, done: int, total: int) -> str:
         return ""
     elapsed = time.perf_counter() - started
     return f" ({elapsed:.0f} s so far; about {elapsed / done * (total - done):.0f} s left at the mean of {done})"
-
-
-def _optimizer(overrides: list[str]) -> str:
-    """The trials' optimizer: the override, else the config's default."""
-    return next((o.split("=", 1)[1] for o in overrides if o.startswith("optimizer=")), "sgd")
 
 
 def _mb(value: float | None) -> str:

@@ -9,7 +9,7 @@ batch 1" (the GRAPE paper's OOM).
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from functools import partial
 
 from dpbench.app.max_batch import MEMORY_FIELDS, MaxBatchResult, Trial, find_max_batch
@@ -47,6 +47,15 @@ class FrontierRow:
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+    @classmethod
+    def from_dict(cls, row: dict) -> FrontierRow:
+        """A row of a frontier.json, as `to_dict` wrote it; fields a record from another version has and this one
+        does not are left out, ones it lacks take their defaults."""
+        trial_fields = {f.name for f in fields(Trial)}
+        trials = [Trial(**{k: v for k, v in trial.items() if k in trial_fields}) for trial in row.get("trials", [])]
+        own = {f.name for f in fields(cls)} - {"trials"}
+        return cls(**{k: v for k, v in row.items() if k in own}, trials=trials)
 
 
 def _fitting(trials: list[Trial], batch_size: int) -> Trial | None:

@@ -5,6 +5,7 @@ the Hydra overrides chose."""
 
 from __future__ import annotations
 
+import json
 import textwrap
 from pathlib import Path
 
@@ -21,6 +22,17 @@ from dpbench.core.methods import METHODS, method_label, preset_label  # noqa: E4
 
 TITLE_WIDTH = 70
 """Characters a title line holds at the figure's width."""
+FRONTIER_PLOT = "frontier.png"
+
+
+def title_of(overrides: list[str]) -> str:
+    """The model overrides a frontier names its model by ('model=opt model.size=1.3b'), as `plain_title` reads them."""
+    return " ".join(o for o in overrides if o.startswith("model")) or "default model"
+
+
+def optimizer_of(overrides: list[str]) -> str:
+    """The trials' optimizer: the override, else the config's default."""
+    return next((o.split("=", 1)[1] for o in overrides if o.startswith("optimizer=")), "sgd")
 
 
 def plain_title(title: str) -> str:
@@ -83,3 +95,12 @@ def plot_frontier(rows: list[FrontierRow], cap_mb: float, title: str, path: Path
     figure.savefig(path, dpi=150)
     plt.close(figure)
     return path
+
+
+def replot(record: Path) -> Path:
+    """The figure of a frontier.json written by `python -m dpbench.capacity frontier`, drawn again beside it with
+    this module's styles: a record outlives the code that first plotted it."""
+    data = json.loads(record.read_text())
+    rows = [FrontierRow.from_dict(row) for row in data["rows"]]
+    return plot_frontier(rows, data["cap_mb"], f"{title_of(data['overrides'])} ({data['device_name']})",
+                         record.parent / FRONTIER_PLOT, optimizer_of(data["overrides"]))

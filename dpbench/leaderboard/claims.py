@@ -57,6 +57,13 @@ def fmt_entry(entry: Entry) -> str:
     return f"{text} [{low:.3f}, {high:.3f}]"
 
 
+def _shown(entry: Entry, chance: float | None) -> str:
+    """fmt_entry with the seeds that diverged (summary.DIVERGENCE_RULE): a verdict on a method that diverged says
+    so beside its mean."""
+    diverged = entry.diverged(chance)
+    return fmt_entry(entry) + (f" ({len(diverged)}/{entry.finished} diverged)" if diverged else "")
+
+
 def _find(entries: list[Entry], family: str, epsilon: float | None) -> Entry | None:
     """The method named `family` where the task runs it, else another method of its privatizer (a paper's setting)."""
     for entry in sorted(entries, key=lambda e: e.method != family):
@@ -137,9 +144,9 @@ def winners(entries: list[Entry], budgets: tuple[float, ...], chance: float | No
             against = " (vanilla itself)"
         elif base is not None:
             test = better_test(best, base)
-            against = (f", {_compared(test, judge)} over {named(base)} ({fmt_entry(base)}): better: "
+            against = (f", {_compared(test, judge)} over {named(base)} ({_shown(base, chance)}): better: "
                        f"{_verdict(judge.verdict(test))}" if test else f"; no seed in common with {base.label}")
-        lines.append(f"epsilon {epsilon:g}: **{best.label}**{_edge(best)} {fmt_entry(best)}{basis}"
+        lines.append(f"epsilon {epsilon:g}: **{best.label}**{_edge(best)} {_shown(best, chance)}{basis}"
                      f"{against}")
     return lines
 
@@ -169,7 +176,7 @@ def _jl(task: str, entries: list[Entry], epsilon: float, chance: float | None, j
         ratio = jl.cost("step_s") / base.cost("step_s")
         test = close_test(jl, base, _tolerance(base.metric))
         verdicts.append(judge.verdict(test))
-        parts.append(f"{named(jl)} {fmt_entry(jl)} ({_compared(test, judge)}) at {ratio:.2f}x its time per step")
+        parts.append(f"{named(jl)} {_shown(jl, chance)} ({_compared(test, judge)}) at {ratio:.2f}x its time per step")
     verdict = HOLDS if HOLDS in verdicts else UNCLEAR if UNCLEAR in verdicts else FAILS
     holding = [jl.label for jl, v in zip(timed, verdicts, strict=True) if v == HOLDS]
     untimed = [e.label for e in measured if e not in timed]
@@ -177,7 +184,7 @@ def _jl(task: str, entries: list[Entry], epsilon: float, chance: float | None, j
         f" (no timings: {', '.join(untimed)})" if untimed else "")
     where = f" for {', '.join(holding)} only" if holding and len(holding) < len(timed) else ""
     return (f"JL (norms from r projections: accuracy close to exact clipping; its time is judged in Claims at "
-            f"scale), {task}, epsilon {epsilon:g}, against {_against(base, stand_in)} {fmt_entry(base)}{note}: "
+            f"scale), {task}, epsilon {epsilon:g}, against {_against(base, stand_in)} {_shown(base, chance)}{note}: "
             f"{'; '.join(parts)}: {_verdict(verdict)}{where}.")
 
 
@@ -193,7 +200,7 @@ def _grape(task: str, entries: list[Entry], epsilon: float, chance: float | None
     test = close_test(grape, base, _tolerance(base.metric))
     ratio = grape.cost("peak_mb") / base.cost("peak_mb")
     return (f"GRAPE (DP-Adam accuracy; memory and speed are judged in Claims at scale), {task}, epsilon {epsilon:g}: "
-            f"{fmt_entry(grape)}{_edge(grape)} vs {_against(base, stand_in)} {fmt_entry(base)} "
+            f"{_shown(grape, chance)}{_edge(grape)} vs {_against(base, stand_in)} {_shown(base, chance)} "
             f"({_compared(test, judge)}) at "
             f"{ratio:.2f}x its peak memory ({grape.cost('peak_mb'):.0f} vs {base.cost('peak_mb'):.0f} MB): "
             f"{_verdict(judge.verdict(test))}.")
@@ -216,8 +223,8 @@ def _d2p2(task: str, entries: list[Entry], budgets: tuple[float, ...], chance: f
         test = better_test(d2p2, base)
         verdict = judge.verdict(test)
         verdicts.append(f"{_verdict(verdict).replace(' at this budget', '')} at epsilon {eps:g}")
-        parts.append(f"epsilon {eps:g}: {fmt_entry(d2p2)}{_edge(d2p2)} vs {_against(base, stand_in)} "
-                     f"{fmt_entry(base)} "
+        parts.append(f"epsilon {eps:g}: {_shown(d2p2, chance)}{_edge(d2p2)} vs {_against(base, stand_in)} "
+                     f"{_shown(base, chance)} "
                      f"({_compared(test, judge)}, {verdict})")
     return (f"D2P2 (better than DP-SGD, especially at small epsilon), {task}: {pairs[0][1].label} at "
             f"{'; '.join(parts)}: {'; '.join(verdicts)}.")
@@ -234,18 +241,21 @@ def _sparse(task: str, entries: list[Entry], epsilon: float, chance: float | Non
         return _at_chance(f"sparse, epsilon {epsilon:g}", task, [sparse, base], chance)
     test = better_test(sparse, base)
     return (f"sparse (lower word2vec loss than dense DP training), {task}, epsilon {epsilon:g}: {named(sparse)}, "
-            f"test {sparse.metric} {fmt_entry(sparse)} vs {_against(base, stand_in)} {fmt_entry(base)} "
+            f"test {sparse.metric} {_shown(sparse, chance)} vs {_against(base, stand_in)} {_shown(base, chance)} "
             f"({_compared(test, judge)}): {_verdict(judge.verdict(test))}.")
 
 
 def check_claims(tasks: list[tuple[str, list[Entry], float | None]], budgets: tuple[float, ...],
-                 reference: float, judge: Judge) -> list[str]:
-    """tasks: (title with its scale, entries, chance level or None). Sentences for every claim the table can check."""
+                 judge: Judge) -> list[str]:
+    """tasks: (title with its scale, entries, chance level or None). Sentences for every claim the table can check,
+    at every budget it ran: a claim judged at one budget only would leave the others' evidence out of the family."""
     sentences = []
     for title, entries, chance in tasks:
         devices = sorted({"CPU" if e.device == "cpu" else e.device for e in entries if e.device})
         where = f"{title}, on {' and '.join(devices)}" if devices else title
-        found = [_jl(where, entries, reference, chance, judge), _grape(where, entries, reference, chance, judge),
-                 _d2p2(where, entries, budgets, chance, judge), _sparse(where, entries, reference, chance, judge)]
+        found = [*(_jl(where, entries, epsilon, chance, judge) for epsilon in budgets),
+                 *(_grape(where, entries, epsilon, chance, judge) for epsilon in budgets),
+                 _d2p2(where, entries, budgets, chance, judge),
+                 *(_sparse(where, entries, epsilon, chance, judge) for epsilon in budgets)]
         sentences += [s for s in found if s]
     return sentences

@@ -52,14 +52,13 @@ def _error(entries: list[Entry]) -> list[list[float]]:
 
 PUBLISHED = "published figure (wide dash, in its method's colour)"
 Published = tuple[str, float, float]
-"""A paper's number this task reproduces: (the method's suite name, epsilon, value)."""
+"""A paper's number this task reproduces: (the method's label, which gives its style; epsilon; value)."""
 
 
-def _draw_published(axes, entries: list[Entry], published: list[Published]) -> None:
-    labels = {entry.method: entry.label for entry in entries}
-    for method, epsilon, value in published:
+def _draw_published(axes, published: list[Published]) -> None:
+    for label, epsilon, value in published:
         axes.plot([epsilon], [value], linestyle="none", marker="_", markersize=28, markeredgewidth=3, gid="published",
-                  color=style_of(labels.get(method, method)).colour, label="_nolegend_")
+                  color=style_of(label).colour, label="_nolegend_")
     if published:  # the legend's handle: a short thick line (the dash itself would overflow it)
         axes.plot([], [], color="black", linewidth=3, label=PUBLISHED)
 
@@ -113,10 +112,10 @@ def draw_epsilon(axes, entries: list[Entry], title: str, delta: float, legend: b
                       marker=style.marker, color=style.colour, capsize=3, label=label)
     if metric is None:
         return False
-    _draw_published(axes, entries, published or [])
+    _draw_published(axes, published or [])
     axes.set_xscale("log")
     budgets = sorted({e.epsilon for e in entries if e.epsilon is not None})
-    axes.set_xticks(budgets, [f"{b:g}" for b in budgets])
+    axes.set_xticks(budgets, [f"{b:.3g}" for b in budgets])
     axes.minorticks_off()
     _view(axes, entries, metric, chance, [value for _, _, value in published or []])
     mark_off_view(axes, [(p.epsilon, p.mean, style_of(label).colour, style_of(label).marker)
@@ -263,11 +262,12 @@ def cost_plot(entries: list[Entry], epsilon: float, title: str, path: Path,
     return _save(figure, path)
 
 
-Panel = tuple[str, list[Entry], float, list[Published], float | None]
-"""A task's panel of the headline figure: title, entries, delta, published figures, chance level (or None)."""
+Panel = tuple[str, list[Entry], float, list[Published], float | None, bool]
+"""A task's panel of the headline figure: title, entries, delta, published figures, chance level (or None), and
+whether its epsilon axis is a total budget (a run at its paper's noise is drawn at its own epsilon instead)."""
 
 
-def headline_plot(panels: list[Panel], path: Path, total: bool = False) -> Path | None:
+def headline_plot(panels: list[Panel], path: Path) -> Path | None:
     """Every task's metric-vs-epsilon panel in one figure, each with the legend of what it draws (one legend of
     every task's methods ran to 18 entries); a method keeps its colour and marker in every panel."""
     panels = [panel for panel in panels if any(e.mean is not None for e in panel[1])]
@@ -276,7 +276,7 @@ def headline_plot(panels: list[Panel], path: Path, total: bool = False) -> Path 
     columns = min(3, len(panels))
     rows = -(-len(panels) // columns)
     figure, grid = plt.subplots(rows, columns, figsize=(8 * columns, 4 * rows), squeeze=False)
-    for axes, (title, entries, delta, published, chance) in zip(grid.flat, panels, strict=False):
+    for axes, (title, entries, delta, published, chance, total) in zip(grid.flat, panels, strict=False):
         draw_epsilon(axes, entries, title, delta, legend=False, published=published, chance=chance, total=total)
         legend_outside(axes, *_handles(axes))
     for axes in list(grid.flat)[len(panels):]:

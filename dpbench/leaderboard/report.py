@@ -32,6 +32,7 @@ from dpbench.leaderboard.compare import best_baseline, best_of, chosen_on_select
 from dpbench.leaderboard.earlier_rounds import with_earlier_round
 from dpbench.leaderboard.family import ALPHA, Family, Judge, better_test, judge_all
 from dpbench.leaderboard.grid import STEP_BRACKETED, TIE_RULE, best_trial, optimum_status
+from dpbench.leaderboard.paper_noise import cell_note, column, glance_budget, placed
 from dpbench.leaderboard.plots import cost_plot, epsilon_plot, headline_plot
 from dpbench.leaderboard.private_selection import Selection, read_selection
 from dpbench.leaderboard.provenance import CommitCheck, require_one_code
@@ -206,7 +207,7 @@ def _cell_text(task: Task, entry: Entry | None, notes: list[str], selections: Se
         text = fmt_entry(entry)
         point = f"lr {entry.lr:.3g}" + ("" if entry.clip_norm is None else f", clip {entry.clip_norm:.3g}")
         selection = selections.get((task.name, entry.variant, suite.tuning_budget(entry.epsilon)))
-        text += (f" ({point}{_tuning_text(selection)}{_earlier_text(task, entry, selection)}"
+        text += (f" ({point}{_tuning_text(selection)}{cell_note(task, entry)}{_earlier_text(task, entry, selection)}"
                  f"{_anchor_text(task, entry)})" + _diverged_text(task, entry))
         if entry.failed or entry.pending:
             text += f" ({counted(len(entry.values), 'seed')}; {len(entry.failed)} failed, {entry.pending} pending)"
@@ -253,7 +254,7 @@ def _cost_reference(group: list[Entry], suite: Suite) -> tuple[Entry, str]:
 
 def _task_table(task: Task, entries: list[Entry], suite: Suite, selections: Selections) -> list[str]:
     budgets = task.budgets or suite.budgets
-    columns = [f"epsilon {b:g}" for b in budgets]
+    columns = [column(task, b) for b in budgets]
     lines = ["| method | " + " | ".join(columns) + " | non-private | samples/s | peak MB | s/step | wall s |",
              "|---" * (len(columns) + 6) + "|"]
     notes: list[str] = []
@@ -394,7 +395,8 @@ def _glance(suite: Suite, tasks: list[tuple[Task, list[Entry]]], judge: Judge) -
             if _unfinished(task, entries, epsilon, len(suite.seeds)):
                 verdict = f"provisional: {verdict}" if verdict != "-" else "provisional"
             ratios = [fmt_ratio(best.cost(c), base.cost(c)) for c in ("peak_mb", "step_s")]
-            rows.append(f"| {task.title} | {epsilon:g} | {named(best)} {fmt_entry(best)}{basis} | {named(base)} | "
+            rows.append(f"| {task.title} | {glance_budget(task, best)} | {named(best)} {fmt_entry(best)}{basis} | "
+                        f"{named(base)} | "
                         f"{margin} | {verdict} | {ratios[0]} memory, {ratios[1]} time |")
     if not rows:
         return []
@@ -444,11 +446,19 @@ def _anchor_lines(task: Task, entries: list[Entry], selections: Selections, suit
                     else "not run here yet")
         total = None if ours is None else selections.get((task.name, ours.variant, suite.tuning_budget(ours.epsilon)))
         if isinstance(total, TotalBudget) and total.per_run is not None:
+            sibling = _at_paper_noise(suite, task, anchor.method)
             measured += (f" (at a total of {budget} over {counted(total.trials + total.finals, 'run')}: "
-                         f"{total.per_run:.2f} a run, not the paper's one run at {budget}; a task at the paper's "
-                         "noise compares like for like)")
+                         f"{total.per_run:.2f} a run, not the paper's one run at {budget}; "
+                         + (f"`{sibling.name}` runs it at the paper's noise, like for like)" if sibling else
+                            "no run here at the paper's own noise)"))
         lines.append(f"- {anchor.source}: {fmt_value(anchor.value, metric)} at {budget}; {measured}")
     return ["Published figures this task reproduces:", "", *lines, ""] if lines else []
+
+
+def _at_paper_noise(suite: Suite, task: Task, method: str) -> Task | None:
+    """The task that runs `task`'s setting (the same overrides) and `method` at its paper's own noise, if any."""
+    return next((other for other in suite.tasks if other.noise_multiplier is not None and other is not task
+                 and other.overrides == task.overrides and any(m.name == method for m in other.methods)), None)
 
 
 def _planned(suite: Suite, cell: dict[str, Any]) -> bool:
@@ -511,7 +521,7 @@ def build(suite: Suite, root: Path, docs: Path, command: str, allow_mixed_commit
     verdicts, family = judge_all(lambda judge: _verdicts(suite, judged, judge))
     lines = _preamble(suite, root, found, command) + _tasks_not_run(suite, found)
     task_lines, panels = _task_sections(suite, found, figures, verdicts.winners)
-    headline = headline_plot(panels, figures / "headline.png", total=suite.total)
+    headline = headline_plot(panels, figures / "headline.png")
     lines += verdicts.glance + (["![metric vs epsilon, every task](leaderboard/headline.png)", ""]
                                 if headline else [])
     lines += task_lines + _claims_section(suite, verdicts.claims, family)
@@ -537,7 +547,7 @@ def _verdicts(suite: Suite, judged: list[tuple[Task, list[Entry]]], judge: Judge
     """The glance table, each task's winners and the papers' claims, with the verdicts `judge` gives."""
     winners_by_task = {task.name: winners(entries, suite.budgets, task.chance, judge) for task, entries in judged}
     claims = check_claims([(_claim_title(task), entries, task.chance) for task, entries in judged], suite.budgets,
-                          suite.tune_epsilon, judge)
+                          judge)
     return _Verdicts(_glance(suite, judged, judge), winners_by_task, claims)
 
 
@@ -779,6 +789,15 @@ def _tasks_not_run(suite: Suite, found: _Found) -> list[str]:
     return lines
 
 
+def _published(task: Task, entries: list[Entry], drawn: list[Entry]) -> list[tuple[str, float, float]]:
+    """The task's published figures as its figures draw them: (method label, epsilon, value), each at the epsilon
+    its cell is drawn at (a run at the paper's noise at its own per-run epsilon), in its method's style."""
+    labels = {variant.name: variant.label for method in task.methods for variant in method.variants()}
+    at = {(entry.method, entry.epsilon): shown.epsilon for entry, shown in zip(entries, drawn, strict=True)}
+    return [(labels.get(a.method, a.method), at.get((a.method, a.epsilon), a.epsilon), a.value)
+            for a in task.anchors if a.epsilon is not None]
+
+
 def _task_sections(suite: Suite, found: _Found, figures: Path,
                    winners_by_task: dict[str, list[str]]) -> tuple[list[str], list]:
     """Each task's table, tuning, winners and figures; and what the headline plot takes."""
@@ -813,14 +832,15 @@ def _task_sections(suite: Suite, found: _Found, figures: Path,
             lines += ["Winner per budget (chosen on the selection runs, paired over the evaluation seeds against the "
                       "best vanilla method, Holm-corrected over the report's claims):", "",
                       *(f"- {line}" for line in best), ""]
-        published = [(a.method, a.epsilon, a.value) for a in task.anchors if a.epsilon is not None]
-        for figure in (epsilon_plot(task_entries, task.title, task.delta, figures / f"{task.name}_epsilon.png",
-                                    published, task.chance, total=suite.total),
+        drawn, total = placed(task, task_entries), suite.total and task.noise_multiplier is None
+        published = _published(task, task_entries, drawn)
+        for figure in (epsilon_plot(drawn, task.title, task.delta, figures / f"{task.name}_epsilon.png",
+                                    published, task.chance, total=total),
                        cost_plot(task_entries, suite.tune_epsilon, task.title, figures / f"{task.name}_cost.png",
                                  task.chance)):
             if figure:
                 lines += [f"![{figure.stem}](leaderboard/{figure.name})", ""]
-        panels.append((task.title, task_entries, task.delta, published, task.chance))
+        panels.append((task.title, drawn, task.delta, published, task.chance, total))
     if cost_only:
         lines += ["## Cost only: tasks where nothing learns at these budgets", "",
                   "Their speed and memory are measured like every other task's; their metric is not ranked.", ""]

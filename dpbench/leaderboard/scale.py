@@ -1,6 +1,7 @@
 """The leaderboard's "claims at scale" section: GRAPE's memory claim where its paper makes it (100M+ parameters),
 generated from frontier records committed under docs/leaderboard/frontier/NAME/ (written by `python -m
-dpbench.capacity frontier ... --out docs/leaderboard/frontier/NAME`), each beside what the paper's text states.
+dpbench.capacity frontier ... --out docs/leaderboard/frontier/NAME`), each beside what the paper's text states; each
+record's figure is drawn again from it, so that every figure has the current styles.
 `python -m dpbench.leaderboard` writes it with the rest; `--scale-only` rewrites it alone.
 
 On CPU a process's peak includes the interpreter (Python, torch), which no method can save, so the ratios compare
@@ -13,6 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from dpbench.app.frontier_plot import replot
 from dpbench.core.methods import preset_label
 from dpbench.leaderboard.claims import LESS_MEMORY
 
@@ -251,6 +253,7 @@ def scale_section(frontier_dir: Path) -> list[str]:
              "replicated over seeds, and its verdict (a ratio past the paper's threshold or not) is descriptive: it "
              "is outside the family of tested claims that the Holm correction covers.", ""]
     for path in records:
+        replot(path)
         lines += _record_lines(json.loads(path.read_text()), path.parent.name)
     return lines
 

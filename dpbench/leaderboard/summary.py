@@ -33,7 +33,8 @@ ABOVE_CHANCE = 0.01
 """How far above a constant prediction's accuracy a run must end to have learned something (one point)."""
 
 DIVERGENCE_RULE = (f"a seed diverged when its run ended with a non-finite test loss or metric, or (where the task "
-                   f"names its chance level) with a test accuracy within {100 * ABOVE_CHANCE:g} point of chance")
+                   f"names its chance level) with a test accuracy at most {100 * ABOVE_CHANCE:g} point above chance "
+                   "(or below it)")
 
 
 @dataclass

@@ -25,7 +25,7 @@ PAD = 0.05
 """The share of the view left free above and below the data."""
 REFERENCE = {"accuracy": "chance", "loss": "constant prediction"}
 """How the level of a model that learned nothing is named, by metric."""
-EDGE_NOTE = "open markers on the axis edge: runs at {name}{level}, {where} the axis"
+EDGE_NOTE = "open markers on the axis edge: runs at or {where} {name}{level}, {where} the axis"
 
 
 def legend_outside(target, handles: Sequence | None = None, labels: Sequence[str] | None = None,
@@ -88,12 +88,19 @@ def _shift_into_unit(low: float, high: float) -> tuple[float, float]:
 
 def draw_reference(axes: Axes, level: float | None, metric: str | None) -> None:
     """The level of a model that learned nothing, as a black dashed line named for the metric (chance accuracy,
-    a constant prediction's loss), where the task names one and it lies in the view."""
+    a constant prediction's loss), where the task names one: in the view, or, where taking it in would squash the
+    runs (y_view), written on the edge it lies beyond."""
     if level is None or metric not in REFERENCE:
         return
     low, high = axes.get_ylim()
     if low <= level <= high:
         axes.axhline(level, color="black", linestyle="--", linewidth=0.9, label=REFERENCE[metric], zorder=1)
+        return
+    below = level < low
+    shown = f"{100 * level:.1f}%" if metric == "accuracy" else f"{level:.3g}"
+    axes.text(0.99, 0.02 if below else 0.98, f"{REFERENCE[metric]} {shown}: {'below' if below else 'above'} the axis",
+              transform=axes.transAxes, fontsize=6, color="black", ha="right", va="bottom" if below else "top",
+              gid="reference_off_view")
 
 
 def mark_off_view(axes: Axes, points: Sequence[tuple[float, float, object, str]], metric: str | None,

@@ -111,6 +111,17 @@ def test_a_task_with_a_chance_level_draws_it_and_a_loss_task_its_constant_predic
         assert name in axes.get_legend_handles_labels()[1]
 
 
+def test_a_chance_level_far_from_the_runs_is_written_on_the_edge_it_lies_beyond():
+    """Tramer & Boneh's runs at 84-89% and chance at 10%: taking the line in would squash the runs, and leaving it
+    out left no chance level on the panel."""
+    figure, axes = plt.subplots()
+    draw_epsilon(axes, [entry("DP-SGD", 2.38624, 0.86)], "t", 1e-5, chance=0.1)
+    assert axes.get_ylim()[0] > 0.7 and "chance" not in axes.get_legend_handles_labels()[1]
+    (note,) = [text for text in axes.texts if text.get_gid() == "reference_off_view"]
+    assert note.get_text() == "chance 10.0%: below the axis"
+    assert [label.get_text() for label in axes.get_xticklabels()] == ["2.39"]  # a per-run epsilon, not 2.38624
+
+
 def test_a_single_point_is_not_zoomed_into_its_own_noise():
     """Tramer & Boneh's CNN: one point at 86.5% [86.2, 86.9] once filled a 0.860-0.869 axis."""
     figure, axes = plt.subplots()
@@ -134,7 +145,7 @@ def test_a_run_at_chance_neither_stretches_the_axis_nor_joins_the_pareto_front()
     assert left.get_ylim()[0] > 0.7
     (marker,) = [line for line in left.get_lines() if line.get_gid() == "off_view"]
     assert list(marker.get_ydata()) == [left.get_ylim()[0]] and marker.get_marker() == style_of(at_chance.label).marker
-    assert any("runs at chance (10.0%)" in text.get_text() for text in left.texts)
+    assert any("runs at or below chance (10.0%)" in text.get_text() for text in left.texts)
     _draw_cost(right, [*learned, at_chance], "peak_mb", "MB", chance=chance)
     (front,) = [line for line in right.get_lines() if line.get_label().startswith("Pareto")]
     assert 100 not in list(front.get_xdata()) and min(front.get_xdata()) == 500
@@ -163,7 +174,7 @@ def test_a_figure_of_many_methods_splits_its_legend_into_columns_of_at_most_ten(
               "D2P-SGD (no projection)", "DP2-SGD (constant noise)", "sparse DP-Adam", "D2P2-SGD (p = 0.3 d)",
               *(f"DP-SGD-JL (r={r})" for r in (1, 2, 10, 30)), *(f"DP-Adam-JL (r={r})" for r in (1, 2, 10, 30, 5))]
     entries = [entry(label, eps, 0.5 + index / 50) for index, label in enumerate(labels) for eps in (1, 3)]
-    panels = [("task a", entries[:16], 1e-5, [], None), ("task b", entries[14:], 1e-5, [], None)]
+    panels = [("task a", entries[:16], 1e-5, [], None, True), ("task b", entries[14:], 1e-5, [], None, True)]
     assert headline_plot(panels, tmp_path / "headline.png").exists()
     (headline,) = saved
     headline.canvas.draw()

@@ -127,3 +127,36 @@ def test_dp_grape_on_one_device_is_set_against_dp_adam_sharded_over_n(tmp_path):
     versus = next(line for line in text.splitlines() if line.startswith("- DP-GRAPE on one device against"))
     assert "DP-Adam (ghost norms) sharded over 4 (FSDP2, per rank)" in versus and f"{1400 / 2000:.2f}x" in versus
     assert "| DP-Adam (ghost norms) sharded over 4 (FSDP2, per rank) | 4 " in text
+
+
+def test_the_section_draws_each_records_figure_again_in_the_current_styles(tmp_path, monkeypatch):
+    """The committed figures were drawn before frontier plots had a plain title and the leaderboard's method styles:
+    the section re-plots every record it links."""
+    import matplotlib.pyplot as plt
+    from matplotlib.colors import to_rgba
+    from matplotlib.figure import Figure
+
+    from dpbench.core.method_style import style_of
+
+    saved: list[Figure] = []
+    save = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda figure, *a, **k: (saved.append(figure), save(figure, *a, **k))[1])
+    write(tmp_path, [row("vanilla", 3000.0, REGIME_PARAMETERS), row("grape", 1400.0, REGIME_PARAMETERS)])
+    stale = tmp_path / "frontier" / "opt_350m_cpu" / "frontier.png"
+    stale.write_bytes(b"an old figure")
+    saved.clear()
+    scale_section(tmp_path / "frontier")
+    (figure,) = saved
+    (axes,) = figure.axes
+    assert axes.get_title().startswith("opt (size 350m) on CPU") and "=" not in axes.get_title()
+    lines = {line.get_label(): line for line in axes.get_lines()}
+    assert to_rgba(lines["DP-GRAPE (Adam)"].get_color()) == to_rgba(style_of("DP-GRAPE (Adam)").colour)
+    assert stale.read_bytes().startswith(b"\x89PNG")
+    plt.close(figure)
+
+
+def test_a_record_reads_back_into_the_rows_it_was_written_from():
+    written = row("grape", 1400.0, REGIME_PARAMETERS)
+    record = asdict(written)
+    record["trials"][0]["a_field_of_another_version"] = 1.0
+    assert FrontierRow.from_dict(record) == written

@@ -237,5 +237,10 @@ def test_an_anchor_read_at_a_total_over_several_runs_says_its_per_run_budget():
     (line,) = [line for line in _anchor_lines(task, [ours], {(task.name, "dpsgd", 3.0): record}, full)
                if line.startswith("- ")]
     assert "-2.2 points (at a total of epsilon 3 over 5 runs: 1.24 a run, not the paper's one run" in line
+    assert line.endswith("`fm_cnn_tb_paper_noise` runs it at the paper's noise, like for like)")
+    (scatternet,) = [t for t in full.tasks if t.name == "fm_scatternet_tb"]  # no task at its paper's noise
+    (line,) = [line for line in _anchor_lines(scatternet, [ours], {(scatternet.name, "dpsgd", 3.0): record}, full)
+               if line.startswith("- ")]
+    assert line.endswith("no run here at the paper's own noise)")
     (plain,) = [line for line in _anchor_lines(task, [ours], {}, full) if line.startswith("- ")]
     assert plain.endswith("-2.2 points")  # a per-run cell's epsilon is the paper's: nothing to add

@@ -327,11 +327,13 @@ def test_a_published_figure_is_drawn_beside_the_cell_that_reproduces_it():
                Entry("t", "d2p2_paper_p", "d2p2_paper_p", "D2P2-SGD (p = 0.3 d)", 1, metric="accuracy",
                      by_seed={0: 0.61, 1: 0.62, 2: 0.6})]
     figure, axes = plt.subplots()
-    assert draw_epsilon(axes, entries, "its paper's CNN", 1e-5, published=[("d2p2_paper_p", 1.0, 0.7132),
-                                                                           ("dpsgd", 1.0, 0.691)])
+    assert draw_epsilon(axes, entries, "its paper's CNN", 1e-5, published=[("D2P2-SGD (p = 0.3 d)", 1.0, 0.7132),
+                                                                           ("DP2-SGD (constant noise)", 1.0, 0.63)])
     dashes = [line for line in axes.get_lines() if line.get_gid() == "published"]
-    assert [(line.get_xdata()[0], line.get_ydata()[0]) for line in dashes] == [(1.0, 0.7132), (1.0, 0.691)]
+    assert [(line.get_xdata()[0], line.get_ydata()[0]) for line in dashes] == [(1.0, 0.7132), (1.0, 0.63)]
     assert to_rgba(dashes[0].get_color()) == to_rgba(style_of("D2P2-SGD (p = 0.3 d)").colour)
+    # a published method with no run of its own yet keeps its own colour, not one derived from its suite name
+    assert to_rgba(dashes[1].get_color()) == to_rgba(style_of("DP2-SGD (constant noise)").colour)
     assert axes.get_legend_handles_labels()[1].count(PUBLISHED) == 1
     assert axes.get_ylim()[1] >= 0.7132  # the axis reaches the published level
     plt.close(figure)

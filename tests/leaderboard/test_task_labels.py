@@ -67,3 +67,21 @@ def test_an_anchors_runs_are_accounted_by_both_accountants(tmp_path, tasks):
     spent, pld, rdp = (float(value) for value in re.findall(r"([\d.]+) by ", line))
     assert spent == 2.385 and pld == pytest.approx(2.376, abs=0.001) and rdp > pld
     assert accountant_lines(tasks["cnn_mnist5k"], outcomes) == []  # no published anchor
+
+
+def test_a_run_at_the_papers_noise_is_shown_at_what_it_spends_not_at_its_listed_budget(tasks):
+    """fm_cnn_tb_paper_noise is listed under epsilon 3, yet each run at noise 2.15 spends 2.39 (PRV), and its five
+    runs together more: its table, glance row and figures must not present it as a total of 3."""
+    from dpbench.leaderboard.paper_noise import cell_note, column, glance_budget, placed
+    from dpbench.leaderboard.summary import Entry
+
+    paper, recipe = tasks["fm_cnn_tb_paper_noise"], tasks["fm_cnn_tb"]
+    ours = Entry(paper.name, "dpsgd", "dpsgd", "DP-SGD", 3.0, metric="accuracy", by_seed={1: 0.86, 2: 0.861},
+                 spent=[2.386, 2.386])
+    assert column(paper, 3.0) == "the paper's noise 2.15" and column(recipe, 3.0) == "epsilon 3"
+    assert glance_budget(paper, ours) == "the paper's noise 2.15 (2.39 a run)" and glance_budget(recipe, ours) == "3"
+    assert cell_note(paper, ours) == ("; at the paper's noise 2.15: epsilon 2.39 per run, its 2 runs not composed "
+                                      "into a total")
+    assert cell_note(recipe, ours) == ""
+    (drawn,) = placed(paper, [ours])
+    assert drawn.epsilon == 2.386 and ours.epsilon == 3.0 and placed(recipe, [ours]) == [ours]
