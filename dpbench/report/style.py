@@ -114,6 +114,8 @@ def mark_off_view(axes: Axes, points: Sequence[tuple[float, float, object, str]]
                   clip_on=False, zorder=4, gid="off_view")
     if off:
         below = off[0][1] == low
+        for text in [t for t in axes.texts if t.get_gid() == "reference_off_view"]:
+            text.remove()  # the note below names the level the runs sit near: one note on that edge, not two
         name = REFERENCE.get(metric or "", "the reference level")
         shown = "" if level is None else f" ({100 * level:.1f}%)" if metric == "accuracy" else f" ({level:.3g})"
         axes.text(0.01, 0.02 if below else 0.98, EDGE_NOTE.format(name=name, level=shown,

@@ -146,6 +146,7 @@ def test_a_run_at_chance_neither_stretches_the_axis_nor_joins_the_pareto_front()
     (marker,) = [line for line in left.get_lines() if line.get_gid() == "off_view"]
     assert list(marker.get_ydata()) == [left.get_ylim()[0]] and marker.get_marker() == style_of(at_chance.label).marker
     assert any("runs at or below chance (10.0%)" in text.get_text() for text in left.texts)
+    assert not [text for text in left.texts if text.get_gid() == "reference_off_view"]  # one note on that edge
     _draw_cost(right, [*learned, at_chance], "peak_mb", "MB", chance=chance)
     (front,) = [line for line in right.get_lines() if line.get_label().startswith("Pareto")]
     assert 100 not in list(front.get_xdata()) and min(front.get_xdata()) == 500
